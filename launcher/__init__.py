@@ -1,0 +1,3 @@
+"""launcher: a declarative cluster launcher for distributed PyTorch training."""
+
+__version__ = "0.1.0"

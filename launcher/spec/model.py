@@ -1,0 +1,228 @@
+"""Typed spec objects, built from validated data. Every default is applied here and nowhere else."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.spec.schema import Problem
+
+DEFAULT_NAME = "distributed"
+DEFAULT_RENDEZVOUS_TIMEOUT = 600
+DEFAULT_OUTPUTS_SYNC_INTERVAL = 30
+DEFAULT_BLOCK_STORAGE_GB = 50
+BUILT_IMAGE = "@image"  # "the image `launcher build` made"
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    value: str
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    name: str
+    image: str | None
+    replicas: int
+    env: tuple[EnvVar, ...]
+
+
+@dataclass(frozen=True)
+class Elastic:
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+
+
+@dataclass(frozen=True)
+class DataScienceJobInfra:
+    project_id: str
+    compartment_id: str
+    shape_name: str
+    display_name: str
+    block_storage_gb: int
+    log_group_id: str | None = None
+    log_id: str | None = None
+    subnet_id: str | None = None
+    ocpus: float | None = None
+    memory_gb: float | None = None
+
+
+@dataclass(frozen=True)
+class LocalInfra:
+    work_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class DockerInfra:
+    network: str = "host"
+    volumes: tuple[str, ...] = ()
+    shm_size: str | None = None
+
+
+Infra = DataScienceJobInfra | LocalInfra | DockerInfra
+
+
+@dataclass(frozen=True)
+class Cluster:
+    image: str | None
+    work_dir: str | None
+    ephemeral: bool
+    env: tuple[EnvVar, ...]
+    start_options: tuple[str, ...]
+    main: NodeGroup
+    worker: NodeGroup
+    processes_per_node: int
+    elastic: Elastic | None
+    rendezvous_timeout: int
+    port: int
+    outputs_dir: str | None
+    outputs_sync_interval: int
+
+    @property
+    def groups(self) -> tuple[NodeGroup, NodeGroup]:
+        return (self.main, self.worker)
+
+    @property
+    def node_count(self) -> int:
+        return self.main.replicas + self.worker.replicas
+
+
+@dataclass(frozen=True)
+class Runtime:
+    entry_point: str
+    args: tuple[str, ...]
+    env: tuple[EnvVar, ...]
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    infra_type: str  # dataScienceJob | local | docker
+    infra: Infra
+    cluster: Cluster
+    runtime: Runtime
+    source: Path | None = None
+    digest: str = field(default="", compare=False)
+
+    @property
+    def base_dir(self) -> Path:
+        """Directory the spec came from: the code directory for local runs and image builds."""
+        return self.source.parent if self.source else Path.cwd()
+
+
+def as_text(value: Any) -> str:
+    """One canonical text form for YAML scalars used as env values and arguments."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _env(items: list | None) -> tuple[EnvVar, ...]:
+    return tuple(EnvVar(item["name"], as_text(item.get("value"))) for item in items or ())
+
+
+def _kwargs(kwargs: Any) -> list[str]:
+    if isinstance(kwargs, str):
+        return shlex.split(kwargs)
+    tokens: list[str] = []
+    for key, value in (kwargs or {}).items():
+        tokens += [key if key.startswith("-") else f"--{key}", as_text(value)]
+    return tokens
+
+
+def digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def build(data: dict, source: Path | None = None) -> tuple[Spec, list[Problem]]:
+    """Turn schema-valid data into a :class:`Spec`; return cross-field problems the schema cannot express."""
+    top = data["spec"]
+    infra_data = top["infrastructure"]
+    cluster_data = top["cluster"]["spec"]
+    runtime_data = top["runtime"]["spec"]
+    infra_spec = infra_data.get("spec") or {}
+    name = top.get("name") or cluster_data.get("name") or DEFAULT_NAME
+
+    problems: list[Problem] = []
+    config = cluster_data.get("config") or {}
+    main_data = cluster_data.get("main") or {}
+    worker_data = cluster_data.get("worker") or {}
+    main = _group(main_data, f"{name}-main", 1)
+    worker = _group(worker_data, f"{name}-worker", 0)
+    if main.name == worker.name:
+        problems.append(Problem(("spec", "cluster", "spec", "worker", "name"),
+                                f"main and worker groups must have different names (both are '{main.name}')"))
+
+    elastic = None
+    if "elastic" in cluster_data:
+        e = cluster_data["elastic"]
+        elastic = Elastic(e["minNodes"], e["maxNodes"], e.get("maxRestarts", 0))
+        total = main.replicas + worker.replicas
+        if not elastic.min_nodes <= total <= elastic.max_nodes:
+            problems.append(Problem(("spec", "cluster", "spec", "elastic"),
+                                    f"the cluster starts {total} nodes (main + worker replicas), which must lie within "
+                                    f"minNodes..maxNodes ({elastic.min_nodes}..{elastic.max_nodes})"))
+
+    cluster = Cluster(
+        image=cluster_data.get("image"),
+        work_dir=cluster_data.get("workDir"),
+        ephemeral=bool(cluster_data.get("ephemeral", True)),
+        env=_env(config.get("env")),
+        start_options=tuple(as_text(o) for o in config.get("startOptions") or ()),
+        main=main,
+        worker=worker,
+        processes_per_node=cluster_data.get("processesPerNode", 1),
+        elastic=elastic,
+        rendezvous_timeout=cluster_data.get("rendezvousTimeout", DEFAULT_RENDEZVOUS_TIMEOUT),
+        port=cluster_data.get("port", 0),
+        outputs_dir=cluster_data.get("outputsDir"),
+        outputs_sync_interval=cluster_data.get("outputsSyncInterval", DEFAULT_OUTPUTS_SYNC_INTERVAL),
+    )
+    runtime = Runtime(
+        entry_point=runtime_data["entryPoint"],
+        args=tuple(as_text(a) for a in runtime_data.get("args") or ()) + tuple(_kwargs(runtime_data.get("kwargs"))),
+        env=_env(runtime_data.get("env")),
+    )
+    spec = Spec(name=name, infra_type=infra_data["type"], infra=_infra(infra_data["type"], infra_spec, name),
+                cluster=cluster, runtime=runtime, source=source, digest=digest(data))
+    return spec, problems
+
+
+def _group(data: dict, default_name: str, default_replicas: int) -> NodeGroup:
+    return NodeGroup(
+        name=data.get("name") or default_name,
+        image=data.get("image"),
+        replicas=data.get("replicas", default_replicas),
+        env=_env((data.get("config") or {}).get("env")),
+    )
+
+
+def _infra(kind: str, spec: dict, name: str) -> Infra:
+    if kind == "dataScienceJob":
+        shape = spec.get("shapeConfigDetails") or {}
+        return DataScienceJobInfra(
+            project_id=spec["projectId"], compartment_id=spec["compartmentId"], shape_name=spec["shapeName"],
+            display_name=spec.get("displayName") or name,
+            block_storage_gb=spec.get("blockStorageSize", DEFAULT_BLOCK_STORAGE_GB),
+            log_group_id=spec.get("logGroupId"), log_id=spec.get("logId"), subnet_id=spec.get("subnetId"),
+            ocpus=shape.get("ocpus"), memory_gb=shape.get("memoryInGBs"),
+        )
+    if kind == "docker":
+        return DockerInfra(network=spec.get("network", "host"), volumes=tuple(spec.get("volumes", ())),
+                           shm_size=spec.get("shmSize"))
+    return LocalInfra(work_dir=spec.get("workDir"))
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def slug(text: str) -> str:
+    return _SAFE.sub("-", text).strip("-.").lower() or DEFAULT_NAME
