@@ -1,0 +1,79 @@
+"""The backend interface: plan -> request (pure, printable) -> schedule (side effects).
+
+As in TorchX, ``submit = dryrun + schedule``: what ``--dry-run`` prints is the
+very value :meth:`Backend.schedule` sends.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.plan import Plan, make_plan
+from launcher.spec.model import Spec
+
+
+@dataclass(frozen=True)
+class Request:
+    """One call the backend makes: e.g. ``create_job``, ``create_job_run``, ``containers.run``, ``spawn``."""
+
+    operation: str
+    target: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DryRun:
+    backend: str
+    plan: Plan
+    requests: tuple[Request, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "run_id": self.plan.run_id,
+            "work_dir": self.plan.work_dir,
+            "notes": list(self.notes),
+            "requests": [{"operation": r.operation, "target": r.target, "body": r.body} for r in self.requests],
+            "nodes": [{"name": n.name, "image": n.image, "command": list(n.command), "env": dict(n.env)}
+                      for n in self.plan.nodes],
+        }
+
+
+class Backend(ABC):
+    name: str
+    node_command: tuple[str, ...]
+
+    def work_dir(self, spec: Spec) -> tuple[str, list[str]]:
+        """The work dir the nodes will use, and notes to show the user about the choice."""
+        if not spec.cluster.work_dir:
+            from launcher.errors import BadInput
+
+            raise BadInput(f"spec.cluster.spec.workDir is required for the {self.name} backend "
+                           "(a directory, s3://bucket/prefix or oci://bucket@namespace/prefix)")
+        return spec.cluster.work_dir, []
+
+    def node_env_extra(self, spec: Spec) -> dict[str, str]:
+        return {}
+
+    def plan(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> tuple[Plan, list[str]]:
+        work_dir, notes = self.work_dir(spec)
+        plan = make_plan(spec, work_dir=work_dir, node_command=self.node_command, run_id=run_id,
+                         resume_from=resume_from, extra_env=self.node_env_extra(spec))
+        return plan, notes
+
+    def dryrun(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> DryRun:
+        plan, notes = self.plan(spec, run_id=run_id, resume_from=resume_from)
+        return DryRun(self.name, plan, tuple(self.requests(plan)), tuple(notes))
+
+    @abstractmethod
+    def requests(self, plan: Plan) -> list[Request]:
+        """The exact requests :meth:`schedule` will send for ``plan``. Pure: no I/O."""
+
+    def schedule(self, dryrun: DryRun, state_dir: str) -> dict[str, Any]:
+        """Send the requests; return backend facts for ``info.yaml`` (ids, process ids, ...)."""
+        from launcher.errors import BackendError
+
+        raise BackendError(f"the {self.name} backend can only --dry-run in this version")

@@ -1,0 +1,165 @@
+"""The ``launcher`` command line. Parses arguments and dispatches; heavy modules load per verb."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Sequence
+
+from launcher import __version__
+from launcher.errors import EXIT_BACKEND, LauncherError
+
+BACKENDS = ("local", "docker", "oci")
+
+
+def _spec_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-f", "--file", required=True, metavar="FILE", help="the spec YAML file")
+
+
+def _run_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", nargs="?", metavar="RUN",
+                        help="run id, path to an info.yaml, or nothing for the latest run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="launcher", description="Declarative launcher for distributed PyTorch "
+                                     "training on local processes, Docker and OCI Data Science Jobs.")
+    parser.add_argument("--version", action="version", version=f"launcher {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug output and tracebacks")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    p = verbs.add_parser("init", help="write train.yaml, an example train.py and the image artifacts")
+    p.add_argument("--framework", required=True, help="only 'pytorch' for now")
+    p.add_argument("--dir", default=".", help="directory to write into (default: current directory)")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(handler=_init)
+
+    p = verbs.add_parser("validate", help="check a spec and report every problem at once")
+    _spec_arg(p)
+    p.set_defaults(handler=_validate)
+
+    p = verbs.add_parser("run", help="launch a run (or print exactly what would be sent, with --dry-run)")
+    _spec_arg(p)
+    p.add_argument("--backend", choices=BACKENDS, help="override the backend implied by infrastructure.type")
+    p.add_argument("--dry-run", action="store_true", help="print the requests and node configs; touch nothing")
+    p.add_argument("--output", choices=("text", "json", "yaml"), default="text", help="dry-run output format")
+    p.add_argument("--detach", action="store_true", help="return after submission instead of following the logs")
+    p.add_argument("--resume-from", metavar="RUN", help="restore the outputs (checkpoints) of an earlier run first")
+    p.set_defaults(handler=_run)
+
+    p = verbs.add_parser("compose", help="write a docker-compose file running the same cluster locally")
+    _spec_arg(p)
+    p.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.set_defaults(handler=_compose)
+
+    p = verbs.add_parser("watch", help="follow the merged log of every node until the run ends")
+    _run_arg(p)
+    p.add_argument("--node", action="append", help="only this node (repeatable)")
+    p.add_argument("--since", metavar="WHEN", help="only lines newer than this: seconds ago (e.g. 90), "
+                   "with unit (5m, 2h) or an ISO time")
+    p.add_argument("--no-follow", action="store_true", help="print what is there and stop")
+    p.set_defaults(handler=_watch)
+
+    p = verbs.add_parser("status", help="per-node state, rank, address and exit code")
+    _run_arg(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_status)
+
+    p = verbs.add_parser("show-config", help="the elected main, MASTER_ADDR/PORT, node ranks and world size")
+    _run_arg(p)
+    p.set_defaults(handler=_show_config)
+
+    p = verbs.add_parser("cancel", help="stop every node: graceful first, then forced")
+    _run_arg(p)
+    p.add_argument("--grace", type=float, default=15.0, help="seconds to wait before forcing (default 15)")
+    p.set_defaults(handler=_cancel)
+
+    p = verbs.add_parser("list", help="recent runs")
+    p.add_argument("-n", type=int, default=20, help="how many (default 20)")
+    p.set_defaults(handler=_list)
+    return parser
+
+
+def _init(args: argparse.Namespace) -> int:
+    from launcher.scaffold import init
+
+    return init(args.framework, args.dir, force=args.force)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from launcher.spec import load_spec
+
+    spec = load_spec(args.file)
+    print(f"{args.file}: valid ({spec.cluster.node_count} nodes, infrastructure {spec.infra_type})")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from launcher.commands.run import run
+
+    return run(args.file, backend=args.backend, dry_run=args.dry_run, output=args.output, detach=args.detach,
+               resume_from=args.resume_from, verbose=args.verbose)
+
+
+def _compose(args: argparse.Namespace) -> int:
+    from launcher.commands.compose import write_compose
+
+    return write_compose(args.file, args.output, force=args.force)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from launcher.commands.watch import watch
+
+    return watch(args.run, nodes=args.node, since=args.since, follow=not args.no_follow)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from launcher.commands.inspect import status
+
+    return status(args.run, as_json=args.json)
+
+
+def _show_config(args: argparse.Namespace) -> int:
+    from launcher.commands.inspect import show_config
+
+    return show_config(args.run)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from launcher.commands.cancel import cancel
+
+    return cancel(args.run, grace=args.grace)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from launcher.commands.inspect import list_runs
+
+    return list_runs(args.n)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verbose:
+        os.environ["LAUNCHER_VERBOSE"] = "1"
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except LauncherError as exc:
+        print(f"error: {exc}" if "\n" not in str(exc) else str(exc), file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug or an environment problem we did not foresee: no traceback unless asked
+        if args.verbose:
+            raise
+        print(f"error: unexpected {type(exc).__name__}: {exc} (run with --verbose for a traceback)", file=sys.stderr)
+        return EXIT_BACKEND
+
+
+

@@ -1,0 +1,1 @@
+"""One module per CLI verb that needs more than a few lines."""

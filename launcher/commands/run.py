@@ -1,0 +1,32 @@
+"""``launcher run``: dry-run prints what ``schedule`` would send; a real run sends exactly that."""
+
+from __future__ import annotations
+
+import sys
+
+from launcher import render
+from launcher.backends import backend_for
+from launcher.secrets_mask import mask
+from launcher.spec import load_spec
+
+
+def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: bool, resume_from: str | None,
+        verbose: bool) -> int:
+    spec = load_spec(file)
+    chosen = backend_for(backend, spec.infra_type)
+    resume_run = None
+    if resume_from:
+        from launcher.runs.state import resolve_run
+
+        resume_run = resolve_run(resume_from).run_id
+    request = chosen.dryrun(spec, resume_from=resume_run)
+    if dry_run:
+        data = mask(request.to_dict())
+        if output == "text":
+            render.dryrun_text(data)
+        else:
+            render.dump(data, output)
+        return 0
+    from launcher.runs.submit import submit
+
+    return submit(chosen, request, detach=detach, verbose=verbose, out=sys.stdout)

@@ -1,0 +1,44 @@
+"""Print structured results as text, JSON or YAML."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+FORMATS = ("text", "json", "yaml")
+
+
+def dump(data: Any, fmt: str, out: TextIO = sys.stdout) -> None:
+    if fmt == "json":
+        json.dump(data, out, indent=2, ensure_ascii=False)
+        out.write("\n")
+    else:
+        out.write(to_yaml(data))
+
+
+def to_yaml(data: Any) -> str:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+
+
+def dryrun_text(data: dict[str, Any], out: TextIO = sys.stdout) -> None:
+    """The human form of a dry run: each request, then each node's command and env."""
+    nodes = data["nodes"]
+    out.write(f"Dry run (nothing was sent): backend {data['backend']}, run id {data['run_id']}, "
+              f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, work dir {data['work_dir']}\n")
+    for note in data["notes"]:
+        out.write(f"note: {note}\n")
+    for index, request in enumerate(data["requests"], 1):
+        out.write(f"\n--- request {index}/{len(data['requests'])}: {request['operation']} ({request['target']})\n")
+        out.write(to_yaml(request["body"]))
+    for node in nodes:
+        out.write(f"\n--- node {node['name']}  image {node['image']}\n")
+        out.write(f"command: {json.dumps(node['command'])}\nenv:\n")
+        for name, value in node["env"].items():
+            out.write(f"  {name}={json.dumps(value, ensure_ascii=False) if _needs_quotes(value) else value}\n")
+
+
+def _needs_quotes(value: str) -> bool:
+    return value == "" or any(c.isspace() or c in "\"'\\$`" for c in value) or not value.isprintable()

@@ -1,0 +1,132 @@
+"""Example DDP training: a small MLP on scikit-learn's bundled handwritten digits (no downloads).
+
+Runs under torchrun on any number of nodes and processes: gloo on CPU, nccl on GPU.
+Writes a checkpoint per epoch and the final model to the outputs directory
+(LAUNCHER_OUTPUTS_DIR, set by the launcher node bootstrap, or --output-dir), and
+resumes from the newest checkpoint found there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def load_digits_split(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+    """1,797 8x8 digit images shipped inside scikit-learn; a fixed 80/20 split, features scaled to [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    features = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    cut = int(0.8 * len(order))
+    train, test = order[:cut], order[cut:]
+    return TensorDataset(features[train], labels[train]), TensorDataset(features[test], labels[test])
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def parameter_digest(model: nn.Module) -> str:
+    """A short hash of every parameter: equal on all ranks when DDP kept them in sync."""
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    checkpoints = sorted(directory.glob("epoch-*.pt"))
+    return checkpoints[-1] if checkpoints else None
+
+
+def evaluate(model: nn.Module, data: TensorDataset, device: torch.device) -> float:
+    model.eval()
+    with torch.no_grad():
+        features, labels = data.tensors
+        predictions = model(features.to(device)).argmax(dim=1)
+        accuracy = (predictions == labels.to(device)).float().mean().item()
+    model.train()
+    return accuracy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=32, help="per process")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--output-dir", default=os.environ.get("LAUNCHER_OUTPUTS_DIR", "outputs"))
+    args = parser.parse_args()
+
+    use_cuda = torch.cuda.is_available()
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+
+    torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts rank 0's)
+    train_set, test_set = load_digits_split()
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    model = DistributedDataParallel(make_model().to(device), device_ids=[local_rank] if use_cuda else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+
+    outputs = Path(args.output_dir)
+    checkpoints = outputs / "checkpoints"
+    start_epoch = 0
+    resume = latest_checkpoint(checkpoints)
+    if resume is not None:
+        state = torch.load(resume, map_location=device)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch = state["epoch"] + 1
+        print(f"rank {rank}: resumed from {resume.name} (continuing at epoch {start_epoch + 1})", flush=True)
+
+    for epoch in range(start_epoch, args.epochs):
+        sampler.set_epoch(epoch)
+        started, seen, total_loss = time.perf_counter(), 0, 0.0
+        for features, labels in loader:
+            features, labels = features.to(device), labels.to(device)
+            optimizer.zero_grad()
+            loss = loss_fn(model(features), labels)
+            loss.backward()
+            optimizer.step()
+            seen += len(labels)
+            total_loss += loss.item() * len(labels)
+        elapsed = time.perf_counter() - started
+        accuracy = evaluate(model.module, test_set, device)
+        print(f"rank {rank}: epoch {epoch + 1}/{args.epochs} loss {total_loss / max(seen, 1):.4f} "
+              f"test_accuracy {accuracy:.4f} samples_per_s {seen / elapsed:.1f}", flush=True)
+        if rank == 0:
+            checkpoints.mkdir(parents=True, exist_ok=True)
+            tmp = checkpoints / f".epoch-{epoch + 1:04d}.pt.tmp"
+            torch.save({"epoch": epoch, "model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
+            tmp.replace(checkpoints / f"epoch-{epoch + 1:04d}.pt")
+
+    accuracy = evaluate(model.module, test_set, device)
+    print(f"rank {rank}: final parameters {parameter_digest(model.module)}", flush=True)
+    if rank == 0:
+        outputs.mkdir(parents=True, exist_ok=True)
+        torch.save(model.module.state_dict(), outputs / "model.pt")
+        print(f"final test accuracy {accuracy:.4f} ({len(test_set)} held-out digits); "
+              f"model saved to {outputs / 'model.pt'}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
