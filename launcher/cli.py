@@ -8,7 +8,7 @@ import sys
 from typing import Callable, Sequence
 
 from launcher import __version__
-from launcher.errors import EXIT_BACKEND, LauncherError
+from launcher.errors import EXIT_BACKEND, LauncherError, SpecError
 
 BACKENDS = ("local", "docker", "oci")
 
@@ -148,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except LauncherError as exc:
-        print(f"error: {exc}" if "\n" not in str(exc) else str(exc), file=sys.stderr)
+        # Spec problems are already FILE:LINE:COL: lines; anything else gets an "error:" prefix.
+        print(str(exc) if isinstance(exc, SpecError) else f"error: {exc}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

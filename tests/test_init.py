@@ -1,0 +1,41 @@
+"""launcher init: offline, from files in the package; never overwrites without --force."""
+
+from __future__ import annotations
+
+from conftest import run_cli
+
+EXPECTED = ["artifacts/pytorch/v1/Dockerfile", "artifacts/pytorch/v1/node_entry.py",
+            "artifacts/pytorch/v1/requirements.txt", "train.py", "train.yaml"]
+
+
+def written(directory) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+
+
+def test_init_writes_a_valid_spec_example_and_artifacts(tmp_path):
+    done = run_cli("init", "--framework", "pytorch", "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert written(tmp_path) == EXPECTED
+    for rel in EXPECTED:
+        assert f"wrote {tmp_path / rel}" in done.stdout
+    assert run_cli("validate", "-f", str(tmp_path / "train.yaml")).returncode == 0
+    dockerfile = (tmp_path / "artifacts/pytorch/v1/Dockerfile").read_text()
+    assert "ARG BASE_IMAGE" in dockerfile and "FROM ${BASE_IMAGE}" in dockerfile
+    assert "DistributedSampler" in (tmp_path / "train.py").read_text()
+
+
+def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path):
+    (tmp_path / "train.py").write_text("my own work\n")
+    done = run_cli("init", "--framework", "pytorch", "--dir", str(tmp_path))
+    assert done.returncode == 2 and "train.py" in done.stderr and "--force" in done.stderr
+    assert written(tmp_path) == ["train.py"]
+    assert (tmp_path / "train.py").read_text() == "my own work\n"
+    forced = run_cli("init", "--framework", "pytorch", "--dir", str(tmp_path), "--force")
+    assert forced.returncode == 0 and written(tmp_path) == EXPECTED
+    assert (tmp_path / "train.py").read_text() != "my own work\n"
+
+
+def test_init_unknown_framework(tmp_path):
+    done = run_cli("init", "--framework", "dask", "--dir", str(tmp_path))
+    assert done.returncode == 2 and "framework 'dask' is not supported yet" in done.stderr
+    assert written(tmp_path) == []

@@ -1,0 +1,45 @@
+"""A non-editable `pip install .` into a fresh venv runs every offline verb: the data files ship in the wheel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SEED_004
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("wheel")
+    wheels = root / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
+                   check=True, timeout=600)
+    [wheel] = wheels.glob("launcher-*.whl")
+    env_dir = root / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    subprocess.run([str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], check=True,
+                   timeout=600)
+    return env_dir / "bin" / "launcher"
+
+
+def test_every_offline_verb_works_from_the_wheel(installed, tmp_path):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(installed), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    assert cli("init", "--framework", "pytorch", "--dir", "proj").returncode == 0
+    assert (tmp_path / "proj/artifacts/pytorch/v1/Dockerfile").exists()
+    assert cli("validate", "-f", "proj/train.yaml").returncode == 0
+    for backend in ("local", "docker", "oci"):
+        spec = str(SEED_004) if backend == "oci" else "proj/train.yaml"
+        done = cli("run", "-f", spec, "--dry-run", "--backend", backend, "--output", "json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["backend"] == backend
+    done = cli("compose", "-f", "proj/train.yaml", "-o", "compose.yaml")
+    assert done.returncode == 0 and (tmp_path / "compose.yaml").exists()
+    bad = cli("validate", "-f", "missing.yaml")
+    assert bad.returncode == 2
