@@ -1,0 +1,1 @@
+"""The node bootstrap: the program every node runs (see docs/protocol.md)."""

@@ -1,0 +1,5 @@
+import sys
+
+from launcher.node.main import main
+
+sys.exit(main())

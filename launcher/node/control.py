@@ -1,0 +1,60 @@
+"""Run-wide control markers under ``control/``: a cancel request and one marker per failed node.
+
+Peers list ``control/`` every ``interval`` seconds while training (one LIST), so a failure or
+cancel is noticed within that interval plus one request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from launcher.node.store import WorkDir
+
+CONTROL_PREFIX = "control"
+CANCEL = "cancel"
+
+
+def failure_key(node: str) -> str:
+    return f"{CONTROL_PREFIX}/failed.{node}.json"
+
+
+def request_cancel(run: WorkDir, reason: str = "cancelled by user") -> None:
+    run.put(f"{CONTROL_PREFIX}/{CANCEL}", json.dumps({"reason": reason, "at": time.time()}).encode())
+
+
+def record_failure(run: WorkDir, node: str, rank: int | None, exit_code: int | None, reason: str) -> None:
+    body = {"node": node, "rank": rank, "exit_code": exit_code, "reason": reason, "at": time.time()}
+    run.put(failure_key(node), json.dumps(body).encode())
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    state: str  # "failed" or "cancelled"
+    reason: str
+
+
+class ControlWatch:
+    """Rate-limited check of ``control/`` on behalf of one node."""
+
+    def __init__(self, run: WorkDir, node: str, interval: float = 2.0):
+        self.run = run
+        self.node = node
+        self.interval = interval
+        self._next = 0.0
+
+    def check(self, force: bool = False) -> StopRequest | None:
+        now = time.monotonic()
+        if not force and now < self._next:
+            return None
+        self._next = now + self.interval
+        names = self.run.list(CONTROL_PREFIX)
+        if CANCEL in names:
+            return StopRequest("cancelled", "the run was cancelled")
+        for name in names:
+            if name.startswith("failed.") and name != f"failed.{self.node}.json":
+                peer = json.loads(self.run.get(f"{CONTROL_PREFIX}/{name}") or b"{}")
+                return StopRequest("failed", f"stopped because node {peer.get('node', name)} (rank "
+                                   f"{peer.get('rank')}) failed with exit code {peer.get('exit_code')}")
+        return None

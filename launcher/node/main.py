@@ -1,0 +1,213 @@
+"""The node program: register, learn the rank, run torchrun, report, and never hang silently.
+
+Exit status: 0 training succeeded; torchrun's exit status when training failed here;
+1 when stopped because a peer failed or the rendezvous timed out; 130 when cancelled;
+2 for a malformed environment; 3 when the work dir cannot be reached.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO
+
+from launcher.node import outputs as outputs_mod
+from launcher.node.control import ControlWatch, StopRequest, record_failure
+from launcher.node.logship import LogShipper
+from launcher.node.netutil import free_port, own_address, wait_for_port
+from launcher.node.rendezvous import (Decision, RendezvousCancelled, RendezvousError, RendezvousTimeout,
+                                      Registration, await_decision)
+from launcher.node.settings import NodeSettings, SettingsError, from_env
+from launcher.node.status import StatusRecord
+from launcher.node.store import StoreError, WorkDir
+
+EXIT_PEER_FAILED = 1
+EXIT_CANCELLED = 130
+EXIT_BAD_ENV = 2
+EXIT_STORE = 3
+HEARTBEAT_SECONDS = 10.0
+STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
+
+
+class Stopped(Exception):
+    """Raised by the signal handler while no training process is running yet."""
+
+
+class Node:
+    def __init__(self, settings: NodeSettings):
+        self.settings = settings
+        self.run = WorkDir(settings.run_url)
+        self.shipper = LogShipper(self.run, settings.node).start()
+        self.status = StatusRecord(self.run, settings.node, settings.run_id)
+        self.control = ControlWatch(self.run, settings.node)
+        self.proc: subprocess.Popen | None = None
+        self.stop_request: StopRequest | None = None
+        self.rank: int | None = None
+
+    def say(self, message: str) -> None:
+        print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
+        self.shipper.add("node", message)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        request = StopRequest("cancelled", f"received {signal.Signals(signum).name}")
+        if self.proc is None:
+            raise Stopped(request.reason)
+        self.stop_request = self.stop_request or request
+
+    def main(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        try:
+            return self._main()
+        except Stopped as stop:
+            return self._finish("cancelled", str(stop), EXIT_CANCELLED)
+        except RendezvousCancelled as exc:
+            return self._finish("cancelled", str(exc), EXIT_CANCELLED)
+        except RendezvousTimeout as exc:
+            return self._finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
+        except (RendezvousError, StoreError) as exc:
+            return self._finish("failed", str(exc), EXIT_STORE, mark_failed=True)
+        finally:
+            self.shipper.close()
+
+    def _main(self) -> int:
+        settings = self.settings
+        address = own_address()
+        port = settings.master_port or free_port(address)
+        self.status.update(state="waiting", address=address)
+        self.say(f"registering in {settings.run_url} as {address}:{port}; waiting for {len(settings.nodes)} nodes")
+        decision = await_decision(
+            self.run, Registration(settings.node, address, port), settings.nodes,
+            timeout=settings.rendezvous_timeout,
+            elastic_min=settings.elastic["minNodes"] if settings.elastic else None,
+            progress=self._progress)
+        self.rank = decision.ranks.get(settings.node)
+        self.status.update(rank=self.rank, main=decision.main)
+        role = "main" if decision.main == settings.node else "worker"
+        self.say(f"{role}: rank {self.rank} of {len(decision.ranks) or 'elastic'} nodes; "
+                 f"MASTER_ADDR={decision.master_addr} MASTER_PORT={decision.master_port}")
+        if settings.resume_from:
+            self._restore(settings.resume_from)
+        if role == "worker" and not self._wait_for_main(decision):
+            request = self.stop_request or StopRequest(
+                "failed", f"main node {decision.main} did not open {decision.master_addr}:{decision.master_port}")
+            return self._finish(request.state, request.reason,
+                                EXIT_CANCELLED if request.state == "cancelled" else EXIT_PEER_FAILED,
+                                mark_failed=request.state == "failed" and self.stop_request is None)
+        return self._train(decision)
+
+    def _progress(self, registered: list[str], missing: list[str]) -> None:
+        total = len(registered) + len(missing)
+        waiting = f", waiting for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}" if missing else ""
+        self.say(f"{len(registered)}/{total} nodes registered{waiting}")
+
+    def _restore(self, previous_run: str) -> None:
+        previous = WorkDir(f"{self.settings.work_dir.rstrip('/')}/{previous_run}")
+        data = previous.get("rendezvous.json")
+        if data is None:
+            self.say(f"nothing to resume: run {previous_run} has no rendezvous record in the work dir")
+            return
+        source = Decision.from_bytes(data).main
+        count = outputs_mod.restore(previous, source, self.settings.outputs_dir)
+        self.say(f"restored {count} output files of run {previous_run} (node {source}) into "
+                 f"{self.settings.outputs_dir}")
+
+    def _wait_for_main(self, decision: Decision) -> bool:
+        def should_stop() -> bool:
+            self.stop_request = self.stop_request or self.control.check()
+            return self.stop_request is not None
+
+        deadline = time.monotonic() + self.settings.rendezvous_timeout
+        return wait_for_port(decision.master_addr, decision.master_port, deadline=deadline, should_stop=should_stop)
+
+    def _train(self, decision: Decision) -> int:
+        from launcher.node.torchrun import rank_env, torchrun_argv
+
+        settings = self.settings
+        os.makedirs(settings.outputs_dir, exist_ok=True)
+        argv = torchrun_argv(decision, settings)
+        self.say(f"starting: {shlex.join(argv)}")
+        self.proc = subprocess.Popen(argv, env={**os.environ, **rank_env(decision, settings)},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        readers = [threading.Thread(target=self._pump, args=(self.proc.stdout, "out", sys.stdout), daemon=True),
+                   threading.Thread(target=self._pump, args=(self.proc.stderr, "err", sys.stderr), daemon=True)]
+        for reader in readers:
+            reader.start()
+        self.status.update(state="running")
+        sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
+        next_sync = time.monotonic() + settings.outputs_sync_interval
+        next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+        code = None
+        while code is None:
+            try:
+                code = self.proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            self.stop_request = self.stop_request or self.control.check()
+            if self.stop_request:
+                self.say(f"stopping training: {self.stop_request.reason}")
+                code = self._terminate()
+                break
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                self.status.heartbeat()
+                next_heartbeat = now + HEARTBEAT_SECONDS
+            if now >= next_sync:
+                sync.sync()
+                next_sync = now + settings.outputs_sync_interval
+        for reader in readers:
+            reader.join(timeout=10)
+        synced = sync.sync()
+        if synced:
+            self.say(f"synced {synced} output files to {self.run.url}/outputs/{settings.node}/")
+        if self.stop_request:
+            cancelled = self.stop_request.state == "cancelled"
+            return self._finish(self.stop_request.state, self.stop_request.reason,
+                                EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
+        if code == 0:
+            return self._finish("succeeded", None, 0)
+        return self._finish("failed", f"training exited with status {code}", code, mark_failed=True)
+
+    def _pump(self, pipe: IO[bytes], stream: str, console: IO[str]) -> None:
+        for raw in iter(pipe.readline, b""):
+            console.buffer.write(raw)
+            console.flush()
+            self.shipper.add(stream, raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        pipe.close()
+
+    def _terminate(self) -> int:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            return self.proc.wait(timeout=STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.say(f"training did not stop within {STOP_GRACE_SECONDS:g}s of SIGTERM; sending SIGKILL")
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+        except ProcessLookupError:
+            return self.proc.wait()
+
+    def _finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False) -> int:
+        if mark_failed:  # first, so peers stop as early as possible
+            try:
+                record_failure(self.run, self.settings.node, self.rank, exit_code, reason or state)
+            except StoreError:
+                pass
+        self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
+        self.status.update(state=state, reason=reason, exit_code=exit_code)
+        return exit_code
+
+
+def main() -> int:
+    try:
+        settings = from_env()
+    except SettingsError as exc:
+        print(f"launcher node: {exc}", file=sys.stderr)
+        return EXIT_BAD_ENV
+    return Node(settings).main()

@@ -1,0 +1,170 @@
+"""Election and node ranks through the work dir, using only put, create-if-absent, get and list.
+
+Layout under ``{work_dir}/{run_id}/`` (see docs/protocol.md for the reasoning):
+
+  nodes/{nonce}.{name}.json   one registration per node, written once: address, port, nonce
+  rendezvous.json             the decision: main, MASTER_ADDR/PORT, rank of every node
+
+Static mode: once all N expected names are registered, the decision is a pure function
+of the N registrations (ranks in nonce order, main = rank 0), so every node that computes
+it computes the same bytes; the first to create ``rendezvous.json`` publishes it and the
+others read it. Nonces are random, so any node may become main.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from launcher.node.store import WorkDir
+
+DECISION_KEY = "rendezvous.json"
+NODES_PREFIX = "nodes"
+CANCEL_KEY = "control/cancel"
+
+
+class RendezvousError(Exception):
+    pass
+
+
+class RendezvousTimeout(RendezvousError):
+    def __init__(self, missing: Sequence[str], registered: int, expected: int, timeout: float):
+        self.missing = list(missing)
+        super().__init__(f"rendezvous timed out after {timeout:g}s: {registered}/{expected} nodes registered; "
+                         f"missing: {', '.join(self.missing)}")
+
+
+class RendezvousCancelled(RendezvousError):
+    pass
+
+
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    address: str
+    port: int
+    nonce: str = field(default_factory=lambda: secrets.token_hex(8))
+    pid: int = field(default_factory=os.getpid)
+
+    @property
+    def key(self) -> str:
+        return f"{NODES_PREFIX}/{self.nonce}.{self.name}.json"
+
+
+@dataclass(frozen=True)
+class Decision:
+    main: str
+    master_addr: str
+    master_port: int
+    ranks: dict[str, int]  # empty in elastic mode: torchrun's c10d rendezvous assigns ranks
+    mode: str = "static"
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Decision":
+        return cls(**json.loads(data))
+
+
+@dataclass
+class PollPolicy:
+    """Waiting costs: a GET of the decision per poll, a LIST of the nodes every ``list_every`` seconds."""
+
+    initial: float = 0.05
+    factor: float = 1.5
+    cap: float = 0.5
+    jitter: float = 0.2
+    list_every: float = 5.0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def delays(self):
+        delay = self.initial
+        while True:
+            yield delay * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
+            delay = min(self.cap, delay * self.factor)
+
+
+def parse_node_key(name: str) -> tuple[str, str] | None:
+    """``{nonce}.{node}.json`` -> (nonce, node); None for anything else."""
+    if not name.endswith(".json") or "." not in name[:-5]:
+        return None
+    nonce, node = name[:-5].split(".", 1)
+    return nonce, node
+
+
+def register(store: WorkDir, me: Registration) -> None:
+    if not store.create(me.key, json.dumps(asdict(me)).encode()):
+        raise RendezvousError(f"registration {me.key} already exists")  # a 64-bit nonce collision
+
+
+def decide_static(registered: dict[str, str], main_registration: dict) -> Decision:
+    """The pure decision: ranks in nonce order; the lowest nonce is main."""
+    order = sorted(registered, key=lambda name: (registered[name], name))
+    return Decision(main=order[0], master_addr=main_registration["address"],
+                    master_port=int(main_registration["port"]), ranks={name: i for i, name in enumerate(order)})
+
+
+def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *, timeout: float,
+                   elastic_min: int | None = None, policy: PollPolicy | None = None,
+                   progress: Callable[[list[str], list[str]], None] | None = None) -> Decision:
+    """Register ``me`` and return the run's decision once there is one; raise on timeout or cancel."""
+    policy = policy or PollPolicy()
+    register(store, me)
+    started = time.monotonic()
+    deadline = started + timeout
+    next_list = started  # list at once: the last node to register decides without waiting
+    seen: tuple[list[str], list[str]] | None = None
+    expected_set = set(expected)
+    for delay in policy.delays():
+        data = store.get(DECISION_KEY)
+        if data is not None:
+            return Decision.from_bytes(data)
+        now = time.monotonic()
+        if now >= next_list:
+            next_list = now + policy.list_every
+            if CANCEL_KEY.split("/")[1] in store.list("control"):
+                raise RendezvousCancelled("the run was cancelled while waiting for nodes")
+            registered = _registered(store, expected_set)
+            missing = [name for name in expected if name not in registered]
+            if progress and seen != (sorted(registered), missing):
+                seen = (sorted(registered), missing)
+                progress(*seen)
+            needed = elastic_min if elastic_min is not None else len(expected)
+            if len(registered) >= needed:
+                return _publish(store, registered, elastic=elastic_min is not None)
+            if now >= deadline:
+                raise RendezvousTimeout(missing, len(registered), len(expected), timeout)
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic()) + 0.01))
+    raise AssertionError("unreachable")
+
+
+def _registered(store: WorkDir, expected: set[str]) -> dict[str, str]:
+    registered: dict[str, str] = {}
+    for entry in store.list(NODES_PREFIX):
+        parsed = parse_node_key(entry)
+        if parsed is None or parsed[1] not in expected:
+            continue
+        nonce, name = parsed
+        if name in registered:
+            raise RendezvousError(f"node name {name!r} registered twice in this run: two nodes were started "
+                                  "with the same LAUNCHER_NODE_NAME")
+        registered[name] = nonce
+    return registered
+
+
+def _publish(store: WorkDir, registered: dict[str, str], *, elastic: bool) -> Decision:
+    main = min(registered, key=lambda name: (registered[name], name))
+    main_registration = json.loads(store.get(f"{NODES_PREFIX}/{registered[main]}.{main}.json") or b"{}")
+    decision = decide_static(registered, main_registration)
+    if elastic:
+        decision = Decision(main=decision.main, master_addr=decision.master_addr,
+                            master_port=decision.master_port, ranks={}, mode="elastic")
+    if store.create(DECISION_KEY, decision.to_bytes()):
+        return decision
+    return Decision.from_bytes(store.get(DECISION_KEY) or decision.to_bytes())

@@ -1,0 +1,69 @@
+"""What a node is told, read back from the environment :func:`launcher.plan.node_env` wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Mapping
+
+
+class SettingsError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    run_id: str
+    work_dir: str
+    node: str
+    nodes: tuple[str, ...]
+    nproc_per_node: int
+    entry_point: str
+    args: tuple[str, ...]
+    start_options: tuple[str, ...]
+    rendezvous_timeout: float
+    master_port: int
+    outputs_dir: str
+    outputs_sync_interval: float
+    elastic: dict | None
+    resume_from: str | None
+
+    @property
+    def run_url(self) -> str:
+        return f"{self.work_dir.rstrip('/')}/{self.run_id}"
+
+
+def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
+    def need(name: str) -> str:
+        value = env.get(name)
+        if not value:
+            raise SettingsError(f"{name} is not set: this program is started by launcher, with the env of the plan")
+        return value
+
+    try:
+        node = need("LAUNCHER_NODE_NAME")
+        run_id = need("LAUNCHER_RUN_ID")
+        nodes = tuple(json.loads(need("LAUNCHER_NODE_NAMES")))
+        if node not in nodes:
+            raise SettingsError(f"LAUNCHER_NODE_NAME {node!r} is not one of LAUNCHER_NODE_NAMES {list(nodes)}")
+        default_outputs = os.path.join(tempfile.gettempdir(), "launcher", run_id, node, "outputs")
+        return NodeSettings(
+            run_id=run_id,
+            work_dir=need("LAUNCHER_WORK_DIR"),
+            node=node,
+            nodes=nodes,
+            nproc_per_node=int(env.get("LAUNCHER_NPROC_PER_NODE", "1")),
+            entry_point=need("LAUNCHER_ENTRYPOINT"),
+            args=tuple(json.loads(env.get("LAUNCHER_ARGS", "[]"))),
+            start_options=tuple(json.loads(env.get("LAUNCHER_START_OPTIONS", "[]"))),
+            rendezvous_timeout=float(env.get("LAUNCHER_RDZV_TIMEOUT", "600")),
+            master_port=int(env.get("LAUNCHER_MASTER_PORT", "0")),
+            outputs_dir=env.get("LAUNCHER_OUTPUTS_DIR") or default_outputs,
+            outputs_sync_interval=float(env.get("LAUNCHER_OUTPUTS_SYNC_INTERVAL", "30")),
+            elastic=json.loads(env["LAUNCHER_ELASTIC"]) if env.get("LAUNCHER_ELASTIC") else None,
+            resume_from=env.get("LAUNCHER_RESUME_FROM") or None,
+        )
+    except (ValueError, TypeError) as exc:
+        raise SettingsError(f"malformed LAUNCHER_* variable: {exc}") from None

@@ -1,0 +1,48 @@
+"""The node's status record, ``status/{node}.json``, rewritten whole at every change and as a heartbeat."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from launcher.node.store import StoreError, WorkDir
+
+STATUS_PREFIX = "status"
+STATES = ("registering", "waiting", "running", "succeeded", "failed", "cancelled")
+FINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+def status_key(node: str) -> str:
+    return f"{STATUS_PREFIX}/{node}.json"
+
+
+class StatusRecord:
+    def __init__(self, store: WorkDir, node: str, run_id: str):
+        self.store = store
+        self._lock = threading.Lock()
+        now = time.time()
+        self.record: dict[str, Any] = {
+            "node": node, "run_id": run_id, "state": "registering", "rank": None, "main": None,
+            "address": None, "host": socket.gethostname(), "pid": os.getpid(), "exit_code": None,
+            "reason": None, "started_at": now, "updated_at": now, "ended_at": None,
+        }
+
+    def update(self, **changes: Any) -> None:
+        with self._lock:
+            self.record.update(changes)
+            now = time.time()
+            self.record["updated_at"] = now
+            if self.record["state"] in FINAL_STATES and self.record["ended_at"] is None:
+                self.record["ended_at"] = now
+            data = json.dumps(self.record).encode()
+        try:
+            self.store.put(status_key(self.record["node"]), data)
+        except StoreError:
+            pass  # the next update or heartbeat writes the whole record again
+
+    def heartbeat(self) -> None:
+        self.update()

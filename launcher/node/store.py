@@ -1,0 +1,209 @@
+"""The work dir as a small object store over fsspec: whole-object put, get, list, delete.
+
+Local directories, ``s3://`` (s3fs) and ``oci://`` (ocifs) are chosen by URL;
+credentials come from each library's usual places. Transient errors are retried
+with exponential backoff and full jitter. Every request is counted so the
+request rate per node can be measured (benchmarks/) and bounded (docs/protocol.md).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+# Errors that retrying cannot fix; everything else from a store is treated as transient.
+PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
+             ValueError, TypeError)
+
+
+class StoreError(Exception):
+    """The work dir could not be reached after retries."""
+
+
+class WorkDir:
+    """One run's directory, ``{work_dir}/{run_id}``; keys are relative paths like ``nodes/a.json``."""
+
+    def __init__(self, url: str, *, attempts: int = 8, base_delay: float = 0.1, max_delay: float = 5.0,
+                 fresh_instance: bool = False):
+        import fsspec
+
+        self.url = url.rstrip("/")
+        kwargs = {"skip_instance_cache": True} if fresh_instance else {}
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **kwargs)
+        self.root = self.root.rstrip("/")
+        self.is_local = "file" in _protocols(self.fs)
+        self.attempts = attempts
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.requests = 0
+        self.retries = 0
+        self._lock = threading.Lock()
+        self._random = random.Random()
+
+    def child(self, name: str) -> "WorkDir":
+        """The same store, rooted one level down (e.g. from the work dir to a run)."""
+        other = object.__new__(WorkDir)
+        other.__dict__.update(self.__dict__)
+        other.url, other.root = f"{self.url}/{name}", f"{self.root}/{name}"
+        return other
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if key else self.root
+
+    def _call(self, what: str, action: Callable[[], T]) -> T:
+        for attempt in range(1, self.attempts + 1):
+            with self._lock:
+                self.requests += 1
+            try:
+                return action()
+            except PERMANENT:
+                raise
+            except Exception as exc:  # transient: network, throttling, 5xx
+                if attempt == self.attempts:
+                    raise StoreError(f"work dir {self.url}: {what} failed after {attempt} attempts: {exc}") from exc
+                with self._lock:
+                    self.retries += 1
+                # Full jitter: spreads retries of many nodes hitting the same fault.
+                time.sleep(self._random.uniform(0, min(self.max_delay, self.base_delay * 2 ** attempt)))
+        raise AssertionError("unreachable")
+
+    # -- objects ---------------------------------------------------------------------------------
+    def put(self, key: str, data: bytes) -> None:
+        """Write a whole object; readers see the old or the new bytes, never a part."""
+        path = self._path(key)
+        if self.is_local:
+            self._call(f"put {key}", lambda: _local_replace(path, data))
+        else:
+            self._call(f"put {key}", lambda: self.fs.pipe_file(path, data))
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write only if absent; False if the object already exists.
+
+        Atomic on local directories (link) and S3 (If-None-Match); on other stores it is
+        check-then-write, which the protocol tolerates because racing writers write equal bytes.
+        """
+        path = self._path(key)
+
+        def attempt() -> bool:
+            try:
+                if self.is_local:
+                    _local_create(path, data)
+                else:
+                    self.fs.pipe_file(path, data, mode="create")
+                return True
+            except FileExistsError:
+                return False
+            except Exception as exc:
+                if _is_precondition_failure(exc):
+                    return False
+                raise
+
+        return self._call(f"create {key}", attempt)
+
+    def get(self, key: str) -> bytes | None:
+        path = self._path(key)
+
+        def attempt() -> bytes | None:
+            try:
+                return self.fs.cat_file(path)
+            except FileNotFoundError:
+                return None
+
+        return self._call(f"get {key}", attempt)
+
+    def list(self, prefix: str) -> list[str]:
+        """Names directly under ``prefix`` (a directory-like key), fresh from the store; [] if none."""
+        path = self._path(prefix).rstrip("/")
+
+        def attempt() -> list[str]:
+            self.fs.invalidate_cache(path)
+            try:
+                entries = self.fs.ls(path, detail=False)
+            except FileNotFoundError:
+                return []
+            names = (name.rstrip("/").rsplit("/", 1)[-1] for name in entries)
+            return sorted(name for name in names if not name.startswith("."))
+
+        return self._call(f"list {prefix}", attempt)
+
+    def find(self, prefix: str) -> list[str]:
+        """Every object key under ``prefix``, recursively, relative to ``prefix``."""
+        path = self._path(prefix).rstrip("/")
+
+        def attempt() -> list[str]:
+            self.fs.invalidate_cache(path)
+            try:
+                found = self.fs.find(path)
+            except FileNotFoundError:
+                return []
+            keys = (name[len(path) + 1:] for name in found if name.startswith(path + "/"))
+            return sorted(key for key in keys if not key.rsplit("/", 1)[-1].startswith("."))
+
+        return self._call(f"find {prefix}", attempt)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+
+        def attempt() -> None:
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+
+        self._call(f"delete {key}", attempt)
+
+    def upload(self, local_path: str, key: str) -> None:
+        with open(local_path, "rb") as handle:
+            data = handle.read()
+        self.put(key, data)
+
+    def download(self, key: str, local_path: str) -> bool:
+        data = self.get(key)
+        if data is None:
+            return False
+        Path(local_path).parent.mkdir(parents=True, exist_ok=True)
+        _local_replace(local_path, data)
+        return True
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _temporary_name(path: str) -> str:
+    """A hidden sibling: listings skip names starting with a dot, so readers never see partial files."""
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}.{uuid.uuid4().hex}.tmp")
+
+
+def _local_replace(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = _temporary_name(path)
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+def _local_create(path: str, data: bytes) -> None:
+    """Publish complete bytes under ``path`` only if it does not exist (hard link is atomic and exclusive)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = _temporary_name(path)
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+    try:
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+
+
+def _is_precondition_failure(exc: Exception) -> bool:
+    text = f"{type(exc).__name__} {exc}"
+    return "PreconditionFailed" in text or "412" in text
