@@ -44,3 +44,35 @@ def docker_compose_bin() -> str:
     path = shutil.which("docker-compose")
     require(path is not None, "docker-compose is not installed (apt-get install docker-compose)")
     return path
+
+
+@pytest.fixture(scope="session")
+def moto():
+    """One moto_server for the session; tests use their own buckets."""
+    from s3server import MotoServer
+
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto, monkeypatch, request):
+    """A fresh bucket, with this process's s3fs pointed at the server (like the nodes' env)."""
+    import re
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + "-b"
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)
+    _reset_fsspec_config()
+    moto.make_bucket(name)
+    yield name
+    _reset_fsspec_config()
+
+
+def _reset_fsspec_config() -> None:
+    """fsspec reads FSSPEC_* variables at import; re-read them after the test changed the env."""
+    import fsspec.config
+
+    fsspec.config.conf.clear()
+    fsspec.config.set_conf_env(fsspec.config.conf)

@@ -8,6 +8,7 @@ Exit status: 0 training succeeded; torchrun's exit status when training failed h
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -32,6 +33,8 @@ EXIT_BAD_ENV = 2
 EXIT_STORE = 3
 HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
+# torchrun exits 1 whatever its child returned; its failure summary names the child's status.
+CHILD_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
 class Stopped(Exception):
@@ -48,6 +51,7 @@ class Node:
         self.proc: subprocess.Popen | None = None
         self.stop_request: StopRequest | None = None
         self.rank: int | None = None
+        self.child_exit_code: int | None = None
 
     def say(self, message: str) -> None:
         print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
@@ -119,7 +123,7 @@ class Node:
 
     def _wait_for_main(self, decision: Decision) -> bool:
         def should_stop() -> bool:
-            self.stop_request = self.stop_request or self.control.check()
+            self.stop_request = self.stop_request or self._control_check()
             return self.stop_request is not None
 
         deadline = time.monotonic() + self.settings.rendezvous_timeout
@@ -149,7 +153,7 @@ class Node:
                 break
             except subprocess.TimeoutExpired:
                 pass
-            self.stop_request = self.stop_request or self.control.check()
+            self.stop_request = self.stop_request or self._control_check()
             if self.stop_request:
                 self.say(f"stopping training: {self.stop_request.reason}")
                 code = self._terminate()
@@ -166,19 +170,35 @@ class Node:
         synced = sync.sync()
         if synced:
             self.say(f"synced {synced} output files to {self.run.url}/outputs/{settings.node}/")
+        if code != 0 and self.stop_request is None:
+            # Did training fail because the run was cancelled or a peer failed first? Then that is the cause.
+            self.stop_request = self._control_check(force=True)
         if self.stop_request:
             cancelled = self.stop_request.state == "cancelled"
             return self._finish(self.stop_request.state, self.stop_request.reason,
                                 EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
         if code == 0:
             return self._finish("succeeded", None, 0)
+        if self.child_exit_code is not None and self.child_exit_code > 0:
+            code = self.child_exit_code
         return self._finish("failed", f"training exited with status {code}", code, mark_failed=True)
+
+    def _control_check(self, force: bool = False) -> StopRequest | None:
+        try:
+            return self.control.check(force=force)
+        except StoreError as exc:  # keep training through a store outage; the next check may succeed
+            self.say(f"could not read the run's control markers: {exc}")
+            return None
 
     def _pump(self, pipe: IO[bytes], stream: str, console: IO[str]) -> None:
         for raw in iter(pipe.readline, b""):
             console.buffer.write(raw)
             console.flush()
-            self.shipper.add(stream, raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            self.shipper.add(stream, text)
+            match = CHILD_EXIT.search(text) if stream == "err" and self.child_exit_code is None else None
+            if match:
+                self.child_exit_code = int(match.group(1))
         pipe.close()
 
     def _terminate(self) -> int:

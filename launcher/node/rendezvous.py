@@ -126,7 +126,8 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
         if data is not None:
             return Decision.from_bytes(data)
         now = time.monotonic()
-        if now >= next_list:
+        timed_out = now >= deadline
+        if now >= next_list or timed_out:
             next_list = now + policy.list_every
             if CANCEL_KEY.split("/")[1] in store.list("control"):
                 raise RendezvousCancelled("the run was cancelled while waiting for nodes")
@@ -138,7 +139,7 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
             needed = elastic_min if elastic_min is not None else len(expected)
             if len(registered) >= needed:
                 return _publish(store, registered, elastic=elastic_min is not None)
-            if now >= deadline:
+            if timed_out:
                 raise RendezvousTimeout(missing, len(registered), len(expected), timeout)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic()) + 0.01))
     raise AssertionError("unreachable")

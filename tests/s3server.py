@@ -1,0 +1,116 @@
+"""A real S3-protocol server (moto_server) on loopback, and a fault-injecting proxy in front of it."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_listening(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)  # nothing to wait on but the port itself
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class MotoServer:
+    def __init__(self) -> None:
+        executable = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+        self.port = free_port()
+        self.proc = subprocess.Popen([executable, "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until_listening(self.port)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def env(self, endpoint: str | None = None) -> dict[str, str]:
+        """Environment that points s3fs (through fsspec's config variables) at this server."""
+        return {**S3_ENV, "FSSPEC_S3_ENDPOINT_URL": endpoint or self.endpoint}
+
+    def make_bucket(self, name: str) -> None:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=self.endpoint,
+                               skip_instance_cache=True)
+        fs.mkdir(name)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+class FaultyProxy:
+    """Forwards HTTP to ``upstream_port``, answering a share of requests with 503 SlowDown instead."""
+
+    def __init__(self, upstream_port: int, failure_rate: float, seed: int = 0):
+        self.upstream_port = upstream_port
+        self.failure_rate = failure_rate
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.forwarded = 0
+        self.failed = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                with proxy.lock:
+                    fail = proxy.rng.random() < proxy.failure_rate
+                    proxy.failed += fail
+                    proxy.forwarded += not fail
+                if fail:
+                    payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                response = upstream.getresponse()
+                payload = response.read()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+                upstream.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
