@@ -112,7 +112,7 @@ def _compose(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     from launcher.commands.watch import watch
 
-    return watch(args.run, nodes=args.node, since=args.since, follow=not args.no_follow)
+    return watch(args.run, nodes=args.node, since=args.since, follow_logs=not args.no_follow)
 
 
 def _status(args: argparse.Namespace) -> int:

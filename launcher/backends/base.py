@@ -74,6 +74,17 @@ class Backend(ABC):
 
     def schedule(self, dryrun: DryRun, state_dir: str) -> dict[str, Any]:
         """Send the requests; return backend facts for ``info.yaml`` (ids, process ids, ...)."""
+        raise self._not_yet("run")
+
+    def alive(self, backend_ids: dict[str, Any]) -> bool | None:
+        """Whether anything of the run may still be running; None when the backend cannot tell."""
+        return None
+
+    def stop(self, backend_ids: dict[str, Any], grace: float) -> list[str]:
+        """Force-stop what is left after ``grace`` seconds (the cancel marker asked first); return what was forced."""
+        raise self._not_yet("cancel")
+
+    def _not_yet(self, verb: str) -> Exception:
         from launcher.errors import BackendError
 
-        raise BackendError(f"the {self.name} backend can only --dry-run in this version")
+        return BackendError(f"the {self.name} backend cannot {verb} yet in this version (--dry-run works)")

@@ -38,3 +38,17 @@ class LocalBackend(Backend):
         from launcher.backends.local_run import start
 
         return start(dryrun, state_dir)
+
+    def alive(self, backend_ids: dict[str, Any]) -> bool | None:
+        from launcher.backends.local_run import pids_alive
+
+        return bool(pids_alive([backend_ids["supervisor_pid"], *backend_ids["node_pids"].values()]))
+
+    def stop(self, backend_ids: dict[str, Any], grace: float) -> list[str]:
+        from launcher.backends.local_run import kill_groups, wait_for_exit
+
+        pids = backend_ids["node_pids"]
+        left = wait_for_exit(pids.values(), grace)
+        kill_groups(left)  # each node leads its own process group; the supervisor kills their training
+        wait_for_exit([backend_ids["supervisor_pid"]], 30)
+        return [name for name, pid in pids.items() if pid in left]

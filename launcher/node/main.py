@@ -137,12 +137,13 @@ class Node:
         argv = torchrun_argv(decision, settings)
         self.say(f"starting: {shlex.join(argv)}")
         self.proc = subprocess.Popen(argv, env={**os.environ, **rank_env(decision, settings)},
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                     preexec_fn=_die_with_parent())
         readers = [threading.Thread(target=self._pump, args=(self.proc.stdout, "out", sys.stdout), daemon=True),
                    threading.Thread(target=self._pump, args=(self.proc.stderr, "err", sys.stderr), daemon=True)]
         for reader in readers:
             reader.start()
-        self.status.update(state="running")
+        self.status.update(state="running", training_pgid=self.proc.pid)
         sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
         next_sync = time.monotonic() + settings.outputs_sync_interval
         next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
@@ -222,6 +223,17 @@ class Node:
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
         self.status.update(state=state, reason=reason, exit_code=exit_code)
         return exit_code
+
+
+def _die_with_parent():
+    """A pre-exec hook asking Linux to SIGTERM torchrun if this node dies, so training never outlives it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only calls it
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def main() -> int:

@@ -1,0 +1,73 @@
+"""The parent of a local run's node processes; see :mod:`launcher.backends.local_run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from launcher.backends.local_run import kill_groups
+from launcher.node.control import CONTROL_PREFIX, CANCEL, record_failure
+from launcher.node.status import FINAL_STATES, status_key
+from launcher.node.store import StoreError, WorkDir
+
+
+def describe(returncode: int) -> str:
+    if returncode < 0:
+        return f"node process killed by {signal.Signals(-returncode).name}"
+    return f"node process exited with status {returncode} without reporting"
+
+
+def record_on_behalf(run: WorkDir, name: str, returncode: int) -> None:
+    """A node that died without writing a final status: record its end, and fail the run unless cancelled."""
+    status = json.loads(run.get(status_key(name)) or b"{}")
+    pgid = status.get("training_pgid")
+    if pgid:
+        kill_groups([pgid])  # what the dead node left running
+    if status.get("state") in FINAL_STATES:
+        return
+    cancelled = CANCEL in run.list(CONTROL_PREFIX)
+    reason = describe(returncode)
+    exit_code = returncode if returncode >= 0 else 128 - returncode
+    status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
+                   "reason": reason, "ended_at": time.time(), "updated_at": time.time(), "reported_by": "supervisor"})
+    run.put(status_key(name), json.dumps(status).encode())
+    if not cancelled:
+        record_failure(run, name, status.get("rank"), exit_code, reason)
+
+
+def main(state_dir: str, run_id: str, run_url: str) -> int:
+    requests = json.loads(sys.stdin.read())
+    logs_dir = os.path.join(state_dir, "nodes")
+    os.makedirs(logs_dir, exist_ok=True)
+    children: dict[int, str] = {}
+    for request in requests:
+        with open(os.path.join(logs_dir, f"{request['name']}.log"), "ab") as console:
+            proc = subprocess.Popen(request["argv"], cwd=request["cwd"], env={**os.environ, **request["env"]},
+                                    stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        children[proc.pid] = request["name"]
+    sys.stdout.write(json.dumps({name: pid for pid, name in children.items()}) + "\n")
+    sys.stdout.flush()
+    sys.stdout.close()
+    run = WorkDir(run_url)
+    while children:
+        pid, wait_status = os.wait()
+        name = children.pop(pid, None)
+        if name is None:
+            continue
+        returncode = os.waitstatus_to_exitcode(wait_status)
+        print(f"{time.strftime('%H:%M:%S')} node {name} (pid {pid}) ended: {returncode}", file=sys.stderr, flush=True)
+        try:
+            record_on_behalf(run, name, returncode)
+        except StoreError as exc:
+            print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    sys.exit(main(*sys.argv[1:4]))

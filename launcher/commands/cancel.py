@@ -1,0 +1,24 @@
+"""``launcher cancel``: ask every node to stop through the work dir, then force what remains."""
+
+from __future__ import annotations
+
+from launcher.backends import backend_for
+from launcher.errors import EXIT_OK
+from launcher.node.control import request_cancel
+from launcher.runs.state import resolve_run
+from launcher.runs.view import open_run, read_view
+
+
+def cancel(ref: str | None, *, grace: float) -> int:
+    info = resolve_run(ref)
+    view = read_view(info)
+    if view.ended:
+        print(f"run {info.run_id} already ended: {view.result}")
+        return EXIT_OK
+    request_cancel(open_run(info))
+    print(f"run {info.run_id}: cancel requested; nodes stop within seconds (forced after {grace:g}s)")
+    forced = backend_for(info.backend, "local").stop(info.backend_ids, grace)
+    if forced:
+        print(f"forced: {', '.join(forced)} did not stop in {grace:g}s and were killed")
+    print(f"run {info.run_id}: {read_view(info).result}")
+    return EXIT_OK

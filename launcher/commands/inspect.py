@@ -1,0 +1,83 @@
+"""``launcher status``, ``show-config`` and ``list``: read-only views of runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from launcher.errors import EXIT_OK, EXIT_RUN_FAILED
+from launcher.runs.state import all_runs, resolve_run
+from launcher.runs.view import closing_line, read_view
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _age(timestamp: float | None) -> str:
+    if not timestamp:
+        return "-"
+    seconds = max(0, int(time.time() - timestamp))
+    return f"{seconds}s ago" if seconds < 120 else f"{seconds // 60}m ago" if seconds < 7200 else \
+        f"{seconds // 3600}h ago"
+
+
+def status(ref: str | None, *, as_json: bool) -> int:
+    info = resolve_run(ref)
+    view = read_view(info)
+    if as_json:
+        json.dump({"run_id": info.run_id, "backend": info.backend, "result": view.result,
+                   "work_dir": info.run_url, "nodes": {n: view.statuses.get(n) for n in info.nodes},
+                   "failures": view.failures}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        rows = [["NODE", "RANK", "STATE", "EXIT", "ADDRESS", "UPDATED", "REASON"]]
+        for name in info.nodes:
+            record = view.statuses.get(name, {})
+            rank = view.rank_of(name)
+            rows.append([name, "-" if rank is None else str(rank), record.get("state", "pending"),
+                         "-" if record.get("exit_code") is None else str(record["exit_code"]),
+                         record.get("address") or "-", _age(record.get("updated_at")), record.get("reason") or ""])
+        print(f"run {info.run_id} ({info.backend}): {view.result}")
+        print(_table(rows))
+        if view.ended:
+            print(closing_line(view))
+    return EXIT_RUN_FAILED if view.result in ("failed", "cancelled") else EXIT_OK
+
+
+def show_config(ref: str | None) -> int:
+    info = resolve_run(ref)
+    view = read_view(info)
+    if not view.decision:
+        print(f"run {info.run_id}: the nodes have not elected a main yet ({view.result})")
+        return EXIT_OK
+    decision = view.decision
+    print(f"run:          {info.run_id}")
+    print(f"main node:    {decision['main']}")
+    print(f"MASTER_ADDR:  {decision['master_addr']}")
+    print(f"MASTER_PORT:  {decision['master_port']}")
+    print(f"mode:         {decision['mode']}")
+    if decision["ranks"]:
+        print(f"NNODES:       {len(decision['ranks'])}")
+        print("node ranks:")
+        for name, rank in sorted(decision["ranks"].items(), key=lambda item: item[1]):
+            print(f"  {rank:>4}  {name}")
+    return EXIT_OK
+
+
+def list_runs(limit: int) -> int:
+    runs = all_runs()[:limit]
+    if not runs:
+        print("no runs yet; start one with: launcher run -f train.yaml")
+        return EXIT_OK
+    rows = [["RUN", "BACKEND", "NODES", "CREATED", "RESULT"]]
+    for info in runs:
+        try:
+            result = read_view(info).result
+        except Exception as exc:  # an unreachable work dir must not hide the other runs
+            result = f"unknown ({type(exc).__name__})"
+        rows.append([info.run_id, info.backend, str(len(info.nodes)), _age(info.created_at), result])
+    print(_table(rows))
+    return EXIT_OK

@@ -1,0 +1,1 @@
+"""Runs after submission: their info.yaml, what the work dir says about them, and following their logs."""
