@@ -10,7 +10,8 @@ import sys
 import time
 
 from launcher.backends.local_run import kill_groups
-from launcher.node.control import CONTROL_PREFIX, CANCEL, record_failure
+from launcher.node.control import CANCEL, CONTROL_PREFIX, record_failure
+from launcher.node.outputs import OutputsSync
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import StoreError, WorkDir
 
@@ -29,6 +30,8 @@ def record_on_behalf(run: WorkDir, name: str, returncode: int) -> None:
         kill_groups([pgid])  # what the dead node left running
     if status.get("state") in FINAL_STATES:
         return
+    if status.get("outputs_dir"):  # same machine: save what the node could not sync itself
+        OutputsSync(run, name, status["outputs_dir"]).sync()
     cancelled = CANCEL in run.list(CONTROL_PREFIX)
     reason = describe(returncode)
     exit_code = returncode if returncode >= 0 else 128 - returncode

@@ -83,7 +83,7 @@ class Node:
         settings = self.settings
         address = own_address()
         port = settings.master_port or free_port(address)
-        self.status.update(state="waiting", address=address)
+        self.status.update(state="waiting", address=address, outputs_dir=settings.outputs_dir)
         self.say(f"registering in {settings.run_url} as {address}:{port}; waiting for {len(settings.nodes)} nodes")
         decision = await_decision(
             self.run, Registration(settings.node, address, port), settings.nodes,

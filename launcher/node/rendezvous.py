@@ -76,9 +76,9 @@ class Decision:
 class PollPolicy:
     """Waiting costs: a GET of the decision per poll, a LIST of the nodes every ``list_every`` seconds."""
 
-    initial: float = 0.05
-    factor: float = 1.5
-    cap: float = 0.5
+    initial: float = 0.1
+    factor: float = 2.0
+    cap: float = 1.0
     jitter: float = 0.2
     list_every: float = 5.0
     rng: random.Random = field(default_factory=random.Random)

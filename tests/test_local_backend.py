@@ -1,0 +1,194 @@
+"""The local backend end to end with the example from `launcher init`: real processes, real torchrun, real DDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_cli
+
+
+def init_project(directory: Path, *, workers: int, epochs: int) -> Path:
+    done = run_cli("init", "--framework", "pytorch", "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    spec = directory / "train.yaml"
+    text = spec.read_text().replace("replicas: 1\n      # Training", f"replicas: {workers}\n      # Training")
+    text = text.replace("        - 8\n", f"        - {epochs}\n")
+    spec.write_text(text)
+    return spec
+
+
+def info_of(home: Path, run_id: str) -> dict:
+    return yaml.safe_load((home / "runs" / run_id / "info.yaml").read_text())
+
+
+def run_id_from(output: str) -> str:
+    return re.search(r"^run (\S+): \d+ nodes on local", output, re.M).group(1)
+
+
+class Watcher:
+    """`launcher watch` as a subprocess; lines are collected and can be awaited."""
+
+    def __init__(self, run_id: str, env: dict):
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", "watch", run_id], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> str:
+        regex = re.compile(pattern)
+        with self.cond:
+            found = self.cond.wait_for(lambda: next((l for l in self.lines if regex.search(l)), None), timeout)
+        assert found, f"no line matching {pattern!r} in:\n" + "\n".join(self.lines[-30:])
+        return found
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        code = self.proc.wait(timeout)
+        time.sleep(0)  # let the pump thread drain (it ends with the pipe)
+        return code, "\n".join(self.lines)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie awaiting its parent's wait() is gone for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split(") ", 1)[1].split()
+        except (FileNotFoundError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_trains_the_example_on_local_nodes(tmp_path, launcher_home, workers):
+    spec = init_project(tmp_path, workers=workers, epochs=3)
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = run_id_from(done.stdout)
+    nodes = 1 + workers
+    # DDP really synchronised: every rank ends with the same parameters
+    digests = re.findall(r"r(\d)\] rank (\d): final parameters (\w+)", done.stdout)
+    assert sorted(int(rank) for _, rank, _ in digests) == list(range(nodes))
+    assert len({digest for _, _, digest in digests}) == 1
+    assert all(prefix == rank for prefix, rank, _ in digests)  # the watch prefix shows the true rank
+    assert re.search(r"final test accuracy 0\.\d+", done.stdout)
+    assert f"run {run_id} succeeded" in done.stdout
+
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "succeeded"
+    assert {n["state"] for n in status["nodes"].values()} == {"succeeded"}
+
+    watch = run_cli("watch", run_id)
+    assert watch.returncode == 0
+    config = run_cli("show-config", run_id).stdout
+    for name, node in status["nodes"].items():
+        assert f"{node['rank']:>4}  {name}" in config
+        assert re.search(rf"^\[{re.escape(name)}\s+r{node['rank']}\] ", watch.stdout, re.M), name
+
+    info = info_of(launcher_home, run_id)
+    outputs = Path(info["work_dir"]) / run_id / "outputs" / status["nodes"][info["nodes"][0]]["main"]
+    assert (outputs / "model.pt").is_file()
+    assert sorted(p.name for p in (outputs / "checkpoints").iterdir()) == [
+        "epoch-0001.pt", "epoch-0002.pt", "epoch-0003.pt"]
+    listed = run_cli("list").stdout
+    assert run_id in listed and "succeeded" in listed
+
+
+def test_killed_node_fails_the_run_fast_and_a_rerun_resumes(tmp_path, launcher_home):
+    spec = init_project(tmp_path, workers=2, epochs=400)
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    run_id = run_id_from(started.stdout)
+    info = info_of(launcher_home, run_id)
+    watcher = Watcher(run_id, os.environ.copy())
+    watcher.wait_for(r"r0\] rank 0: epoch 4/400")  # by then checkpoint 3 is on disk
+    ranks = json.loads(run_cli("status", run_id, "--json").stdout)["nodes"]
+    victim = next(name for name, node in ranks.items() if node["rank"] == 2)
+    os.kill(info["backend_ids"]["node_pids"][victim], signal.SIGKILL)
+    killed_at = time.monotonic()
+    code, output = watcher.finish(timeout=60)
+    assert time.monotonic() - killed_at < 10, "the run did not end within 10 s of the kill"
+    assert code == 1
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "failed"
+    dead = status["nodes"][victim]
+    assert dead["state"] == "failed" and dead["exit_code"] == 137 and "SIGKILL" in dead["reason"]
+    rank = dead["rank"]
+    assert f"failed: node {victim} (rank {rank}) exited with status 137" in output
+    table = run_cli("status", run_id).stdout
+    assert re.search(rf"{re.escape(victim)}\s+{rank}\s+failed\s+137", table)
+    for pid in info["backend_ids"]["node_pids"].values():
+        assert not alive(pid)
+
+    # Run again from the failed run's checkpoints.
+    again = run_cli("run", "-f", str(spec.with_name("train.yaml")), "--resume-from", run_id, "--detach", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    second = run_id_from(again.stdout)
+    watcher = Watcher(second, os.environ.copy())
+    line = watcher.wait_for(r"resumed from epoch-\d{4}\.pt")
+    resumed_epoch = int(re.search(r"epoch-(\d{4})", line).group(1))
+    assert resumed_epoch >= 3
+    assert run_cli("cancel", second).returncode == 0
+    watcher.finish()
+
+
+def test_cancel_stops_every_process_and_keeps_logs(tmp_path, launcher_home):
+    spec = init_project(tmp_path, workers=1, epochs=400)
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    run_id = run_id_from(started.stdout)
+    info = info_of(launcher_home, run_id)
+    watcher = Watcher(run_id, os.environ.copy())
+    watcher.wait_for(r"epoch 2/400")
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    training_groups = [n["training_pgid"] for n in status["nodes"].values()]
+    cancelled = run_cli("cancel", run_id, timeout=120)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancelled" in cancelled.stdout
+    code, output = watcher.finish()
+    assert code == 1 and f"run {run_id} cancelled" in output
+    final = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert final["result"] == "cancelled"
+    assert {n["state"] for n in final["nodes"].values()} == {"cancelled"}
+    ids = info["backend_ids"]
+    for pid in [ids["supervisor_pid"], *ids["node_pids"].values()]:
+        assert not alive(pid), pid
+    for pgid in training_groups:
+        assert not group_alive(pgid), pgid
+    logs = run_cli("watch", run_id, "--no-follow").stdout
+    assert "epoch 2/400" in logs and "stopping training: the run was cancelled" in logs
+
+
+def test_verbs_on_unknown_runs_are_bad_input(launcher_home):
+    done = run_cli("status", "no-such-run")
+    assert done.returncode == 2 and "no run 'no-such-run'" in done.stderr
+    done = run_cli("watch")
+    assert done.returncode == 2 and "no runs recorded" in done.stderr
