@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Callable, Sequence
 
@@ -112,7 +111,7 @@ def _compose(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     from launcher.commands.watch import watch
 
-    return watch(args.run, nodes=args.node, since=args.since, follow_logs=not args.no_follow)
+    return watch(args.run, nodes=args.node, since=args.since, follow_logs=not args.no_follow, verbose=args.verbose)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -142,8 +141,6 @@ def _list(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.verbose:
-        os.environ["LAUNCHER_VERBOSE"] = "1"
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -59,6 +59,17 @@ class LogFollower:
             return f"\x1b[{code}m{label}\x1b[0m"
         return label
 
+    def state_changes(self, view: RunView, seen: dict[str, str]) -> None:
+        """One line per node state change, e.g. ``[worker-1 r2] -- running``."""
+        for node in self.nodes:
+            record = view.statuses.get(node, {})
+            state = record.get("state", "pending")
+            if seen.get(node) != state:
+                seen[node] = state
+                detail = f" (exit status {record.get('exit_code')})" if state in ("failed", "cancelled") else ""
+                self.out.write(f"{self.prefix(node, view.rank_of(node))} -- {state}{detail}\n")
+        self.out.flush()
+
     def poll(self, view: RunView | None) -> int:
         """Print lines from chunks not read yet; return how many lines were printed."""
         records = []
@@ -90,9 +101,13 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
            out: TextIO = sys.stdout) -> int:
     backend = backend or backend_for(info.backend, "local")
     follower = LogFollower(info, out, nodes=nodes, since=since)
+    show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
+    states: dict[str, str] = {}
     gone_since: float | None = None
     while True:
         view = read_view(info, follower.run)
+        if show_states:
+            follower.state_changes(view, states)
         follower.poll(view)
         if view.ended:
             follower.poll(view)  # the last chunks are written before the final status
@@ -112,6 +127,7 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
     return EXIT_OK if view.result == "succeeded" else EXIT_RUN_FAILED
 
 
-def watch(ref: str | None, *, nodes: list[str] | None, since: str | None, follow_logs: bool) -> int:
+def watch(ref: str | None, *, nodes: list[str] | None, since: str | None, follow_logs: bool,
+          verbose: bool = False) -> int:
     info = resolve_run(ref)
-    return follow(info, nodes=nodes, since=parse_since(since), keep_following=follow_logs)
+    return follow(info, nodes=nodes, since=parse_since(since), keep_following=follow_logs, verbose=verbose)

@@ -1,0 +1,65 @@
+"""Dry-run speed and memory: `launcher run --dry-run --backend oci` on the seed 004 spec against
+`torchx run --dryrun -s local_cwd dist.ddp -j 3x1 --script train.py` (torchx 0.7.0 in its own venv).
+
+Whole processes, alternated in one run; reports median wall time, peak RSS and the ratio.
+
+    .venv/bin/python benchmarks/dryrun_vs_torchx.py [--repeat 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import venv
+from pathlib import Path
+
+from common import REPO, median, timed_process
+
+TORCHX_VENV = REPO / "benchmarks" / ".venv-torchx"
+
+
+def torchx_bin() -> Path:
+    binary = TORCHX_VENV / "bin" / "torchx"
+    if not binary.exists():
+        print("installing torchx==0.7.0 into benchmarks/.venv-torchx ...", file=sys.stderr)
+        venv.EnvBuilder(with_pip=True).create(TORCHX_VENV)
+        subprocess.run([str(TORCHX_VENV / "bin" / "python"), "-m", "pip", "install", "-q", "torchx==0.7.0"],
+                       check=True)
+    return binary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=15)
+    args = parser.parse_args()
+    torchx = torchx_bin()
+    launcher = Path(sys.executable).with_name("launcher")
+    workdir = Path(tempfile.mkdtemp())
+    (workdir / "train.py").write_text("print('hello')\n")
+    commands = {
+        "launcher": [str(launcher), "run", "-f", str(REPO / "tests/specs/seed004_train.yaml"), "--dry-run",
+                     "--backend", "oci"],
+        "torchx": [str(torchx), "run", "--dryrun", "-s", "local_cwd", "dist.ddp", "-j", "3x1", "--script",
+                   "train.py"],
+    }
+    for argv in commands.values():  # warm the page cache once
+        timed_process(argv, cwd=workdir)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+    for _ in range(args.repeat):
+        for name, argv in commands.items():
+            wall, rss, status = timed_process(argv, cwd=workdir)
+            assert status == 0, f"{name} failed"
+            samples[name].append((wall, rss))
+    rows = {name: (median([w for w, _ in s]), max(r for _, r in s)) for name, s in samples.items()}
+    print(f"| command | median wall time | peak RSS |\n|---|---|---|")
+    for name, (wall, rss) in rows.items():
+        print(f"| {name} | {wall * 1000:.0f} ms | {rss:.1f} MiB |")
+    ratio = rows["launcher"][0] / rows["torchx"][0]
+    print(f"\nlauncher / torchx wall time: {ratio:.2f}x (target <= 0.8x); launcher peak RSS "
+          f"{rows['launcher'][1]:.1f} MiB (target <= 30 MiB); {args.repeat} runs each")
+
+
+if __name__ == "__main__":
+    main()
