@@ -93,8 +93,9 @@ class Node:
         self.rank = decision.ranks.get(settings.node)
         self.status.update(rank=self.rank, main=decision.main)
         role = "main" if decision.main == settings.node else "worker"
-        self.say(f"{role}: rank {self.rank} of {len(decision.ranks) or 'elastic'} nodes; "
-                 f"MASTER_ADDR={decision.master_addr} MASTER_PORT={decision.master_port}")
+        place = (f"rank {self.rank} of {len(decision.ranks)} nodes" if decision.mode == "static"
+                 else f"elastic, main {decision.main}; torchrun's c10d rendezvous assigns ranks")
+        self.say(f"{role}: {place}; MASTER_ADDR={decision.master_addr} MASTER_PORT={decision.master_port}")
         if settings.resume_from:
             self._restore(settings.resume_from)
         if role == "worker" and not self._wait_for_main(decision):
