@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", choices=("text", "json", "yaml"), default="text", help="dry-run output format")
     p.add_argument("--detach", action="store_true", help="return after submission instead of following the logs")
     p.add_argument("--resume-from", metavar="RUN", help="restore the outputs (checkpoints) of an earlier run first")
+    p.add_argument("--run-id", help="use this run id instead of a new one (it must not have been used before)")
     p.set_defaults(handler=_run)
 
     p = verbs.add_parser("compose", help="write a docker-compose file running the same cluster locally")
@@ -99,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
     from launcher.commands.run import run
 
     return run(args.file, backend=args.backend, dry_run=args.dry_run, output=args.output, detach=args.detach,
-               resume_from=args.resume_from, verbose=args.verbose)
+               resume_from=args.resume_from, run_id=args.run_id, verbose=args.verbose)
 
 
 def _compose(args: argparse.Namespace) -> int:

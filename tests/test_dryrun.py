@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import yaml
 
-from conftest import REPO, SEED_004, run_cli
+from conftest import REPO, SEED_004, SPECS, run_cli
 from launcher.backends import backend_for
 from launcher.spec import load_spec
 
@@ -52,6 +52,12 @@ def test_dry_run_outputs_parse_and_agree(backend, tmp_path):
     assert results["json"]["nodes"] == results["yaml"]["nodes"]
     assert [n["name"] for n in results["json"]["nodes"]] == [
         "PyTorch-Distributed-main", "PyTorch-Distributed-worker-0", "PyTorch-Distributed-worker-1"]
+
+
+def test_ads_documentation_example_dry_runs_unchanged():
+    done = run_cli("run", "-f", str(SPECS / "ads_docs_pytorch.yaml"), "--dry-run", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    assert [r["operation"] for r in json.loads(done.stdout)["requests"]] == ["create_job"] + ["create_job_run"] * 4
 
 
 def test_oci_dry_run_has_one_create_job_and_one_job_run_per_node():

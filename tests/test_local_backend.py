@@ -192,3 +192,24 @@ def test_verbs_on_unknown_runs_are_bad_input(launcher_home):
     assert done.returncode == 2 and "no run 'no-such-run'" in done.stderr
     done = run_cli("watch")
     assert done.returncode == 2 and "no runs recorded" in done.stderr
+
+
+def test_the_dry_run_is_what_the_nodes_receive(tmp_path, launcher_home):
+    spec = init_project(tmp_path, workers=1, epochs=400)
+    printed = run_cli("run", "-f", str(spec), "--dry-run", "--output", "json", "--run-id", "same-id-1")
+    assert printed.returncode == 0, printed.stderr
+    dry = json.loads(printed.stdout)
+    started = run_cli("run", "-f", str(spec), "--run-id", "same-id-1", "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    try:
+        pids = info_of(launcher_home, "same-id-1")["backend_ids"]["node_pids"]
+        for node in dry["nodes"]:
+            raw = Path(f"/proc/{pids[node['name']]}/environ").read_bytes().split(b"\0")
+            environ = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+            assert {k: environ.get(k) for k in node["env"]} == node["env"]
+            cmdline = Path(f"/proc/{pids[node['name']]}/cmdline").read_bytes().decode().split("\0")[:-1]
+            assert cmdline == node["command"]
+        reused = run_cli("run", "-f", str(spec), "--run-id", "same-id-1", "--detach", cwd=tmp_path)
+        assert reused.returncode == 2 and "was used before" in reused.stderr
+    finally:
+        assert run_cli("cancel", "same-id-1").returncode == 0

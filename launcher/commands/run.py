@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import sys
 
+import re
+
 from launcher import render
 from launcher.backends import backend_for
+from launcher.errors import BadInput
 from launcher.secrets_mask import mask
 from launcher.spec import load_spec
 
 
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
 def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: bool, resume_from: str | None,
-        verbose: bool) -> int:
+        run_id: str | None, verbose: bool) -> int:
     spec = load_spec(file)
     chosen = backend_for(backend, spec.infra_type)
     resume_run = None
@@ -19,7 +25,9 @@ def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: b
         from launcher.runs.state import resolve_run
 
         resume_run = resolve_run(resume_from).run_id
-    request = chosen.dryrun(spec, resume_from=resume_run)
+    if run_id is not None and not RUN_ID.fullmatch(run_id):
+        raise BadInput(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
+    request = chosen.dryrun(spec, run_id=run_id, resume_from=resume_run)
     if dry_run:
         data = mask(request.to_dict())
         if output == "text":

@@ -5,7 +5,15 @@ from __future__ import annotations
 from typing import TextIO
 
 from launcher.backends.base import Backend, DryRun
+from launcher.errors import BadInput
+from launcher.node.store import WorkDir
 from launcher.runs import state
+
+
+def _refuse_reuse(info: state.RunInfo, state_dir) -> None:
+    """A run id names one submission: reusing one would mix two runs' records in the work dir."""
+    if state_dir.exists() or WorkDir(info.run_url).list(""):
+        raise BadInput(f"run id {info.run_id} was used before (in {state_dir} or {info.run_url}); choose another")
 
 
 def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, out: TextIO) -> int:
@@ -16,6 +24,7 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
                          nodes=plan.node_names, spec_file=str(plan.spec.source or ""),
                          spec_digest=plan.spec.digest, created_at=state.now())
     state_dir = state.runs_dir() / plan.run_id
+    _refuse_reuse(info, state_dir)
     info.backend_ids = backend.schedule(request, str(state_dir))
     path = state.save(info)
     out.write(f"run {plan.run_id}: {len(plan.nodes)} nodes on {backend.name}, work dir {info.run_url}\n"
