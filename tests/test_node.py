@@ -132,7 +132,9 @@ def test_cancel_marker_stops_every_node_as_cancelled(tmp_path):
     assert codes == {name: 130 for name in cluster.nodes}
     for name in cluster.nodes:
         assert cluster.status(name)["state"] == "cancelled"
-        assert "stopping training: the run was cancelled" in cluster.log_text(name)
+        # either it stopped its training on seeing the marker, or its training failed first because
+        # the peer had stopped, and the marker was then found to be the cause
+        assert "the run was cancelled" in cluster.log_text(name)
 
 
 def test_sigterm_is_forwarded_to_training(tmp_path):

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launcher.node.rendezvous import (Decision, PollPolicy, Registration, RendezvousTimeout, await_decision,
-                                      decide_static)
+                                      decide_static, parse_node_key)
 from launcher.node.store import WorkDir
 
 
@@ -81,11 +81,15 @@ def test_any_node_can_become_main(tmp_path):
 
 
 def test_decision_is_a_pure_function_of_the_registrations():
-    registered = {"x": "00ff", "y": "0001", "z": "a000"}
-    decision = decide_static(registered, {"address": "1.2.3.4", "port": 99})
-    assert decision == Decision(main="y", master_addr="1.2.3.4", master_port=99, ranks={"y": 0, "x": 1, "z": 2})
-    assert decision.to_bytes() == decide_static(dict(reversed(registered.items())),
-                                                {"address": "1.2.3.4", "port": 99}).to_bytes()
+    keys = [Registration(name, f"10.1.1.{i}", 100 + i, nonce=nonce).key.split("/")[1]
+            for i, (name, nonce) in enumerate([("x", "00ff"), ("y", "0001"), ("z.dotted-name", "a000")])]
+    registered = {listed.name: listed for listed in map(parse_node_key, keys)}
+    decision = decide_static(registered)
+    assert decision == Decision(main="y", master_addr="10.1.1.1", master_port=101,
+                                ranks={"y": 0, "x": 1, "z.dotted-name": 2})
+    assert decision.to_bytes() == decide_static(dict(reversed(registered.items()))).to_bytes()
+    assert parse_node_key("0001~99~::1~ipv6-node.json").address == "::1"
+    assert parse_node_key("stray.json") is None and parse_node_key(".0001~1~a~b.json.x.tmp") is None
 
 
 def test_timeout_names_the_missing_nodes(tmp_path):
@@ -102,7 +106,7 @@ def test_another_runs_files_never_affect_a_new_run(tmp_path):
     """A crashed earlier run left registrations, a decision, a cancel and failure markers: the new run ignores them."""
     work_dir = tmp_path / "wd"
     old = WorkDir(str(work_dir / "old-run"))
-    old.put("nodes/0000000000000000.a.json", json.dumps({"address": "9.9.9.9", "port": 1}).encode())
+    old.put("nodes/0000000000000000~1~9.9.9.9~a.json", json.dumps({"address": "9.9.9.9", "port": 1}).encode())
     old.put("rendezvous.json", Decision("a", "9.9.9.9", 1, {"a": 0, "b": 1}).to_bytes())
     old.put("control/cancel", b"{}")
     old.put("control/failed.b.json", b"{}")

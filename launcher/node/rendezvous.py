@@ -2,7 +2,9 @@
 
 Layout under ``{work_dir}/{run_id}/`` (see docs/protocol.md for the reasoning):
 
-  nodes/{nonce}.{name}.json   one registration per node, written once: address, port, nonce
+  nodes/{nonce}~{port}~{address}~{name}.json
+                              one registration per node, written once; the key alone carries
+                              what the decision needs, so deciding takes a single LIST
   rendezvous.json             the decision: main, MASTER_ADDR/PORT, rank of every node
 
 Static mode: once all N expected names are registered, the decision is a pure function
@@ -53,7 +55,18 @@ class Registration:
 
     @property
     def key(self) -> str:
-        return f"{NODES_PREFIX}/{self.nonce}.{self.name}.json"
+        # "~" appears in no node name (schema), address or port, so the key splits unambiguously.
+        return f"{NODES_PREFIX}/{self.nonce}~{self.port}~{self.address}~{self.name}.json"
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A registration as a listing shows it."""
+
+    nonce: str
+    port: int
+    address: str
+    name: str
 
 
 @dataclass(frozen=True)
@@ -76,11 +89,11 @@ class Decision:
 class PollPolicy:
     """Waiting costs: a GET of the decision per poll, a LIST of the nodes every ``list_every`` seconds."""
 
-    initial: float = 0.1
-    factor: float = 2.0
-    cap: float = 1.0
+    initial: float = 0.5
+    factor: float = 1.5
+    cap: float = 0.75
     jitter: float = 0.2
-    list_every: float = 5.0
+    list_every: float = 10.0
     rng: random.Random = field(default_factory=random.Random)
 
     def delays(self):
@@ -90,12 +103,13 @@ class PollPolicy:
             delay = min(self.cap, delay * self.factor)
 
 
-def parse_node_key(name: str) -> tuple[str, str] | None:
-    """``{nonce}.{node}.json`` -> (nonce, node); None for anything else."""
-    if not name.endswith(".json") or "." not in name[:-5]:
+def parse_node_key(entry: str) -> Listed | None:
+    """``{nonce}~{port}~{address}~{name}.json`` -> :class:`Listed`; None for anything else."""
+    parts = entry[:-5].split("~") if entry.endswith(".json") else []
+    if len(parts) != 4 or not parts[1].isdigit():
         return None
-    nonce, node = name[:-5].split(".", 1)
-    return nonce, node
+    nonce, port, address, name = parts
+    return Listed(nonce, int(port), address, name)
 
 
 def register(store: WorkDir, me: Registration) -> None:
@@ -103,11 +117,12 @@ def register(store: WorkDir, me: Registration) -> None:
         raise RendezvousError(f"registration {me.key} already exists")  # a 64-bit nonce collision
 
 
-def decide_static(registered: dict[str, str], main_registration: dict) -> Decision:
+def decide_static(registered: dict[str, Listed]) -> Decision:
     """The pure decision: ranks in nonce order; the lowest nonce is main."""
-    order = sorted(registered, key=lambda name: (registered[name], name))
-    return Decision(main=order[0], master_addr=main_registration["address"],
-                    master_port=int(main_registration["port"]), ranks={name: i for i, name in enumerate(order)})
+    order = sorted(registered, key=lambda name: (registered[name].nonce, name))
+    main = registered[order[0]]
+    return Decision(main=main.name, master_addr=main.address, master_port=main.port,
+                    ranks={name: i for i, name in enumerate(order)})
 
 
 def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *, timeout: float,
@@ -129,7 +144,7 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
         timed_out = now >= deadline
         if now >= next_list or timed_out:
             next_list = now + policy.list_every
-            if CANCEL_KEY.split("/")[1] in store.list("control"):
+            if store.get(CANCEL_KEY) is not None:
                 raise RendezvousCancelled("the run was cancelled while waiting for nodes")
             registered = _registered(store, expected_set)
             missing = [name for name in expected if name not in registered]
@@ -145,24 +160,21 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
     raise AssertionError("unreachable")
 
 
-def _registered(store: WorkDir, expected: set[str]) -> dict[str, str]:
-    registered: dict[str, str] = {}
+def _registered(store: WorkDir, expected: set[str]) -> dict[str, Listed]:
+    registered: dict[str, Listed] = {}
     for entry in store.list(NODES_PREFIX):
-        parsed = parse_node_key(entry)
-        if parsed is None or parsed[1] not in expected:
+        listed = parse_node_key(entry)
+        if listed is None or listed.name not in expected:
             continue
-        nonce, name = parsed
-        if name in registered:
-            raise RendezvousError(f"node name {name!r} registered twice in this run: two nodes were started "
-                                  "with the same LAUNCHER_NODE_NAME")
-        registered[name] = nonce
+        if listed.name in registered:
+            raise RendezvousError(f"node name {listed.name!r} registered twice in this run: two nodes were "
+                                  "started with the same LAUNCHER_NODE_NAME")
+        registered[listed.name] = listed
     return registered
 
 
-def _publish(store: WorkDir, registered: dict[str, str], *, elastic: bool) -> Decision:
-    main = min(registered, key=lambda name: (registered[name], name))
-    main_registration = json.loads(store.get(f"{NODES_PREFIX}/{registered[main]}.{main}.json") or b"{}")
-    decision = decide_static(registered, main_registration)
+def _publish(store: WorkDir, registered: dict[str, Listed], *, elastic: bool) -> Decision:
+    decision = decide_static(registered)
     if elastic:
         decision = Decision(main=decision.main, master_addr=decision.master_addr,
                             master_port=decision.master_port, ranks={}, mode="elastic")
