@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +23,3 @@ def timed_process(argv: list[str], **kwargs) -> tuple[float, float, int]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
-
-
-def python() -> str:
-    return sys.executable

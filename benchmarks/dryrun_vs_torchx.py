@@ -53,7 +53,7 @@ def main() -> None:
             assert status == 0, f"{name} failed"
             samples[name].append((wall, rss))
     rows = {name: (median([w for w, _ in s]), max(r for _, r in s)) for name, s in samples.items()}
-    print(f"| command | median wall time | peak RSS |\n|---|---|---|")
+    print("| command | median wall time | peak RSS |\n|---|---|---|")
     for name, (wall, rss) in rows.items():
         print(f"| {name} | {wall * 1000:.0f} ms | {rss:.1f} MiB |")
     ratio = rows["launcher"][0] / rows["torchx"][0]

@@ -20,8 +20,3 @@ def data_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"launcher installation is incomplete: no {name}/ directory next to {_PACKAGE_DIR}")
-
-
-def package_dir() -> Path:
-    """The directory of the ``launcher`` package itself (staged into images by ``build``)."""
-    return _PACKAGE_DIR

@@ -14,8 +14,6 @@ _BACKENDS = {
 }
 _BY_INFRASTRUCTURE = {"local": "local", "docker": "docker", "dataScienceJob": "oci"}
 
-NAMES = tuple(_BACKENDS)
-
 
 def backend_for(name: str | None, infra_type: str) -> Backend:
     """The backend named on the command line, else the one the spec's infrastructure type implies."""

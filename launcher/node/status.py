@@ -12,7 +12,6 @@ from typing import Any
 from launcher.node.store import StoreError, WorkDir
 
 STATUS_PREFIX = "status"
-STATES = ("registering", "waiting", "running", "succeeded", "failed", "cancelled")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 

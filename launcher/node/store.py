@@ -1,4 +1,4 @@
-"""The work dir as a small object store over fsspec: whole-object put, get, list, delete.
+"""The work dir as a small object store over fsspec: whole-object put, create-if-absent, get, list.
 
 Local directories, ``s3://`` (s3fs) and ``oci://`` (ocifs) are chosen by URL;
 credentials come from each library's usual places. Transient errors are retried
@@ -46,13 +46,6 @@ class WorkDir:
         self.retries = 0
         self._lock = threading.Lock()
         self._random = random.Random()
-
-    def child(self, name: str) -> "WorkDir":
-        """The same store, rooted one level down (e.g. from the work dir to a run)."""
-        other = object.__new__(WorkDir)
-        other.__dict__.update(self.__dict__)
-        other.url, other.root = f"{self.url}/{name}", f"{self.root}/{name}"
-        return other
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
@@ -147,17 +140,6 @@ class WorkDir:
             return sorted(key for key in keys if not key.rsplit("/", 1)[-1].startswith("."))
 
         return self._call(f"find {prefix}", attempt)
-
-    def delete(self, key: str) -> None:
-        path = self._path(key)
-
-        def attempt() -> None:
-            try:
-                self.fs.rm_file(path)
-            except FileNotFoundError:
-                pass
-
-        self._call(f"delete {key}", attempt)
 
     def upload(self, local_path: str, key: str) -> None:
         with open(local_path, "rb") as handle:
