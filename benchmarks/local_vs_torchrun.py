@@ -47,7 +47,7 @@ def plain_torchrun(project: Path, epochs: int) -> tuple[float, str]:
     started = time.perf_counter()
     procs = []
     for rank in (0, 1):
-        env = {**os.environ, "LAUNCHER_OUTPUTS_DIR": str(project / f"plain-out-{rank}")}
+        env = {**os.environ, "LAUNCHER_OUTPUTS_DIR": tempfile.mkdtemp(prefix=f"plain-rank{rank}-")}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
              "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,

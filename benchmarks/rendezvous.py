@@ -83,13 +83,16 @@ def main() -> None:
 
         moto = MotoServer()
         os.environ.update(moto.env())
-        moto.make_bucket("bench")
     try:
         for store in args.stores:
             for n in args.sizes:
                 medians, worsts, requests = [], [], []
                 for t in range(args.trials):
-                    url = (f"{tempfile.mkdtemp()}/run" if store == "local" else f"s3://bench/n{n}-t{t}-{time.time()}")
+                    if store == "local":
+                        url = f"{tempfile.mkdtemp()}/run"
+                    else:  # a fresh bucket: moto lists a prefix by scanning the whole bucket
+                        moto.make_bucket(f"bench-{n}-{t}")
+                        url = f"s3://bench-{n}-{t}/run"
                     lags, counts = trial(url, n, seed=t)
                     lags.sort()
                     medians.append(lags[len(lags) // 2])

@@ -88,14 +88,18 @@ def main() -> None:
 
     outputs = Path(args.output_dir)
     checkpoints = outputs / "checkpoints"
-    start_epoch = 0
+    # Resume only from an epoch every rank has a checkpoint of; otherwise the ranks would disagree on
+    # where to start and the collectives would fail.
     resume = latest_checkpoint(checkpoints)
-    if resume is not None:
-        state = torch.load(resume, map_location=device)
+    agreed = torch.tensor([int(resume.stem.split("-")[1]) if resume else 0])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    start_epoch = int(agreed.item())
+    if start_epoch > 0:
+        checkpoint = checkpoints / f"epoch-{start_epoch:04d}.pt"
+        state = torch.load(checkpoint, map_location=device)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        start_epoch = state["epoch"] + 1
-        print(f"rank {rank}: resumed from {resume.name} (continuing at epoch {start_epoch + 1})", flush=True)
+        print(f"rank {rank}: resumed from {checkpoint.name} (continuing at epoch {start_epoch + 1})", flush=True)
 
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
