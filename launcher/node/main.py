@@ -20,12 +20,13 @@ from typing import IO
 from launcher.node import outputs as outputs_mod
 from launcher.node.control import ControlWatch, StopRequest, record_failure
 from launcher.node.logship import LogShipper
-from launcher.node.netutil import free_port, own_address, wait_for_port
+from launcher.node.netutil import free_port, own_address
 from launcher.node.rendezvous import (Decision, RendezvousCancelled, RendezvousError, RendezvousTimeout,
                                       Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
 from launcher.node.status import StatusRecord
 from launcher.node.store import StoreError, WorkDir
+from launcher.node.torchrun_shim import EXIT_NO_MAIN
 
 EXIT_PEER_FAILED = 1
 EXIT_CANCELLED = 130
@@ -98,12 +99,6 @@ class Node:
         self.say(f"{role}: {place}; MASTER_ADDR={decision.master_addr} MASTER_PORT={decision.master_port}")
         if settings.resume_from:
             self._restore(settings.resume_from)
-        if role == "worker" and not self._wait_for_main(decision):
-            request = self.stop_request or StopRequest(
-                "failed", f"main node {decision.main} did not open {decision.master_addr}:{decision.master_port}")
-            return self._finish(request.state, request.reason,
-                                EXIT_CANCELLED if request.state == "cancelled" else EXIT_PEER_FAILED,
-                                mark_failed=request.state == "failed" and self.stop_request is None)
         return self._train(decision)
 
     def _progress(self, registered: list[str], missing: list[str]) -> None:
@@ -122,20 +117,12 @@ class Node:
         self.say(f"restored {count} output files of run {previous_run} (node {source}) into "
                  f"{self.settings.outputs_dir}")
 
-    def _wait_for_main(self, decision: Decision) -> bool:
-        def should_stop() -> bool:
-            self.stop_request = self.stop_request or self._control_check()
-            return self.stop_request is not None
-
-        deadline = time.monotonic() + self.settings.rendezvous_timeout
-        return wait_for_port(decision.master_addr, decision.master_port, deadline=deadline, should_stop=should_stop)
-
     def _train(self, decision: Decision) -> int:
         from launcher.node.torchrun import rank_env, torchrun_argv
 
         settings = self.settings
         os.makedirs(settings.outputs_dir, exist_ok=True)
-        argv = torchrun_argv(decision, settings)
+        argv = torchrun_argv(decision, settings, wait_seconds=settings.rendezvous_timeout)
         self.say(f"starting: {shlex.join(argv)}")
         self.proc = subprocess.Popen(argv, env={**os.environ, **rank_env(decision, settings)},
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -149,12 +136,11 @@ class Node:
         next_sync = time.monotonic() + settings.outputs_sync_interval
         next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
         code = None
+        exited = _ExitEvent(self.proc.pid)
         while code is None:
-            try:
-                code = self.proc.wait(timeout=0.5)
+            if exited.wait(0.5):  # wakes when torchrun exits, or after 0.5 s for the periodic duties
+                code = self.proc.wait()
                 break
-            except subprocess.TimeoutExpired:
-                pass
             self.stop_request = self.stop_request or self._control_check()
             if self.stop_request:
                 self.say(f"stopping training: {self.stop_request.reason}")
@@ -167,6 +153,7 @@ class Node:
             if now >= next_sync:
                 sync.sync()
                 next_sync = now + settings.outputs_sync_interval
+        exited.close()
         for reader in readers:
             reader.join(timeout=10)
         synced = sync.sync()
@@ -181,6 +168,10 @@ class Node:
                                 EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
         if code == 0:
             return self._finish("succeeded", None, 0)
+        if code == EXIT_NO_MAIN:
+            reason = (f"the main node {decision.main} did not open {decision.master_addr}:{decision.master_port} "
+                      f"within {settings.rendezvous_timeout:g}s")
+            return self._finish("failed", reason, EXIT_PEER_FAILED, mark_failed=True)
         if self.child_exit_code is not None and self.child_exit_code > 0:
             code = self.child_exit_code
         return self._finish("failed", f"training exited with status {code}", code, mark_failed=True)
@@ -224,6 +215,22 @@ class Node:
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
         self.status.update(state=state, reason=reason, exit_code=exit_code)
         return exit_code
+
+
+class _ExitEvent:
+    """Waits for a process to exit without busy polling (a pidfd becomes readable when it does)."""
+
+    def __init__(self, pid: int):
+        self.fd = os.pidfd_open(pid)
+
+    def wait(self, timeout: float) -> bool:
+        import select
+
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        return bool(ready)
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def _die_with_parent():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Callable
 
 # A documentation-range address: connect() on a UDP socket only asks the kernel for a route;
 # no packet is sent.
@@ -32,11 +31,10 @@ def free_port(address: str) -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(address: str, port: int, *, deadline: float, should_stop: Callable[[], bool],
-                  initial: float = 0.05, cap: float = 1.0) -> bool:
+def wait_for_port(address: str, port: int, *, deadline: float, initial: float = 0.05, cap: float = 0.5) -> bool:
     """Until the deadline, try TCP connections to ``address:port``; True once one is accepted."""
     delay = initial
-    while time.monotonic() < deadline and not should_stop():
+    while time.monotonic() < deadline:
         try:
             with socket.create_connection((address, port), timeout=min(2.0, max(0.1, deadline - time.monotonic()))):
                 return True

@@ -38,8 +38,14 @@ def rank_env(decision: Decision, settings: NodeSettings) -> dict[str, str]:
     return env
 
 
-def torchrun_argv(decision: Decision, settings: NodeSettings) -> list[str]:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(settings.nproc_per_node)]
+def torchrun_argv(decision: Decision, settings: NodeSettings, *, wait_seconds: float) -> list[str]:
+    """torchrun's command line; on workers wrapped so it starts once the main's port answers."""
+    if decision.main == settings.node:
+        argv = [sys.executable, "-m", "torch.distributed.run"]
+    else:
+        argv = [sys.executable, "-m", "launcher.node.torchrun_shim", decision.master_addr,
+                str(decision.master_port), f"{wait_seconds:g}", "--"]
+    argv += ["--nproc-per-node", str(settings.nproc_per_node)]
     if decision.mode == "static":
         argv += ["--nnodes", str(len(decision.ranks)), "--node-rank", str(decision.ranks[settings.node]),
                  "--master-addr", decision.master_addr, "--master-port", str(decision.master_port)]
