@@ -31,7 +31,7 @@ dist.destroy_process_group()
 """
 
 FOREVER = """\
-import os, sys, time
+import os, time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -43,7 +43,9 @@ while True:
         print(f"rank {rank} step {step}", flush=True)
     if step == 200 and os.environ.get("FAIL_RANK") == str(rank):
         print(f"rank {rank} about to fail", flush=True)
-        sys.exit(7)
+        if os.environ.get("FAIL_HOW") == "abort":
+            os.abort()
+        os._exit(7)  # sys.exit would run gloo's teardown, which may itself abort (SIGABRT) in torch 2.13
     step += 1
     time.sleep(0.01)
 """
@@ -83,15 +85,17 @@ def test_rendezvous_timeout_names_the_missing_node(tmp_path):
         assert status["state"] == "failed" and "missing: t-worker-1" in status["reason"]
 
 
-def test_a_failing_node_stops_its_peers_and_keeps_its_logs(tmp_path):
+@pytest.mark.parametrize("how,code,reason", [("exit", 7, "training exited with status 7"),
+                                             ("abort", 134, "a training process was killed by SIGABRT")])
+def test_a_failing_node_stops_its_peers_and_keeps_its_logs(tmp_path, how, code, reason):
     spec = write_spec(tmp_path, FOREVER, nodes=3)
-    cluster = Cluster(spec, env={"FAIL_RANK": "1"})
+    cluster = Cluster(spec, env={"FAIL_RANK": "1", "FAIL_HOW": how})
     codes = cluster.wait(timeout=120)
     decision = json.loads(cluster.run.get("rendezvous.json"))
     failing = next(name for name, rank in decision["ranks"].items() if rank == 1)
-    assert codes[failing] == 7
+    assert codes[failing] == code
     failed = cluster.status(failing)
-    assert failed["state"] == "failed" and failed["exit_code"] == 7
+    assert failed["state"] == "failed" and failed["exit_code"] == code and failed["reason"] == reason
     ended = [failed["ended_at"]]
     for name in cluster.nodes:
         if name != failing:

@@ -172,9 +172,15 @@ class Node:
             reason = (f"the main node {decision.main} did not open {decision.master_addr}:{decision.master_port} "
                       f"within {settings.rendezvous_timeout:g}s")
             return self._finish("failed", reason, EXIT_PEER_FAILED, mark_failed=True)
+        reason = f"training exited with status {code}"
         if self.child_exit_code is not None and self.child_exit_code > 0:
             code = self.child_exit_code
-        return self._finish("failed", f"training exited with status {code}", code, mark_failed=True)
+            reason = f"training exited with status {code}"
+        elif self.child_exit_code is not None and self.child_exit_code < 0:
+            signum = -self.child_exit_code
+            code = 128 + signum  # the shell's convention for "killed by signal"
+            reason = f"a training process was killed by {_signal_name(signum)}"
+        return self._finish("failed", reason, code, mark_failed=True)
 
     def _control_check(self, force: bool = False) -> StopRequest | None:
         try:
@@ -215,6 +221,13 @@ class Node:
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
         self.status.update(state=state, reason=reason, exit_code=exit_code)
         return exit_code
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 class _ExitEvent:
