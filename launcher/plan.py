@@ -43,7 +43,7 @@ class Plan:
     run_id: str
     spec: Spec
     work_dir: str
-    image: ImageBuild
+    image: ImageBuild | None  # None when every node uses an image named in the spec
     nodes: tuple[NodeConfig, ...]
 
     @property
@@ -127,4 +127,5 @@ def make_plan(spec: Spec, *, work_dir: str, node_command: Sequence[str], run_id:
         env.update(extra_env or {})
         nodes.append(NodeConfig(name=name, group="main" if group is spec.cluster.main else "worker",
                                 image=resolve_image(spec, group), env=env, command=tuple(node_command)))
-    return Plan(run_id=run_id, spec=spec, work_dir=work_dir, image=image_build(spec), nodes=tuple(nodes))
+    build = image_build(spec) if any(node.image == image_tag(spec) for node in nodes) else None
+    return Plan(run_id=run_id, spec=spec, work_dir=work_dir, image=build, nodes=tuple(nodes))

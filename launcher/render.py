@@ -30,6 +30,10 @@ def dryrun_text(data: dict[str, Any], out: TextIO = sys.stdout) -> None:
               f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, work dir {data['work_dir']}\n")
     for note in data["notes"]:
         out.write(f"note: {note}\n")
+    build = data["image_build"]
+    if build:
+        out.write(f"image build (`launcher build`): docker build -f {build['dockerfile']} -t {build['tag']} "
+                  f"{' '.join(f'--build-arg {k}={v}' for k, v in build['build_args'].items())} {build['context']}\n")
     for index, request in enumerate(data["requests"], 1):
         out.write(f"\n--- request {index}/{len(data['requests'])}: {request['operation']} ({request['target']})\n")
         out.write(to_yaml(request["body"]))

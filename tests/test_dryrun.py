@@ -64,6 +64,7 @@ def test_oci_dry_run_has_one_create_job_and_one_job_run_per_node():
     done = run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
+    assert data["image_build"] is None  # seed 004 names its image: nothing to build
     ops = [r["operation"] for r in data["requests"]]
     assert ops == ["create_job", "create_job_run", "create_job_run", "create_job_run"]
     job = data["requests"][0]["body"]
@@ -154,3 +155,13 @@ def test_bad_spec_exits_2_and_missing_work_dir_for_oci_is_bad_input(tmp_path):
     done = run_cli("run", "-f", str(spec_file), "--dry-run")
     assert done.returncode == 2
     assert "spec.cluster.spec.workDir is required for the oci backend" in done.stderr
+
+
+def test_image_build_is_planned_for_the_built_image(tmp_path):
+    assert run_cli("init", "--framework", "pytorch", "--dir", str(tmp_path)).returncode == 0
+    done = run_cli("run", "-f", str(tmp_path / "train.yaml"), "--dry-run", "--backend", "docker", "--output", "json")
+    data = json.loads(done.stdout)
+    build = data["image_build"]
+    assert build["dockerfile"] == "artifacts/pytorch/v1/Dockerfile" and build["context"] == str(tmp_path)
+    assert {node["image"] for node in data["nodes"]} == {build["tag"]}
+    assert all(r["body"]["image"] == build["tag"] for r in data["requests"])

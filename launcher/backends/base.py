@@ -36,6 +36,9 @@ class DryRun:
             "run_id": self.plan.run_id,
             "work_dir": self.plan.work_dir,
             "notes": list(self.notes),
+            "image_build": None if self.plan.image is None else {
+                "context": self.plan.image.context, "dockerfile": self.plan.image.dockerfile,
+                "build_args": dict(self.plan.image.build_args), "tag": self.plan.image.tag},
             "requests": [{"operation": r.operation, "target": r.target, "body": r.body} for r in self.requests],
             "nodes": [{"name": n.name, "image": n.image, "command": list(n.command), "env": dict(n.env)}
                       for n in self.plan.nodes],
