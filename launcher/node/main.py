@@ -21,8 +21,8 @@ from launcher.node import outputs as outputs_mod
 from launcher.node.control import ControlWatch, StopRequest, record_failure
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, own_address
-from launcher.node.rendezvous import (Decision, RendezvousCancelled, RendezvousError, RendezvousTimeout,
-                                      Registration, await_decision)
+from launcher.node.rendezvous import (DECISION_KEY, Decision, RendezvousCancelled, RendezvousError,
+                                      RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
 from launcher.node.status import StatusRecord
 from launcher.node.store import StoreError, WorkDir
@@ -82,6 +82,7 @@ class Node:
 
     def _main(self) -> int:
         settings = self.settings
+        self.status.update(state="registering")
         address = own_address()
         port = settings.master_port or free_port(address)
         self.status.update(state="waiting", address=address, outputs_dir=settings.outputs_dir)
@@ -108,7 +109,7 @@ class Node:
 
     def _restore(self, previous_run: str) -> None:
         previous = WorkDir(f"{self.settings.work_dir.rstrip('/')}/{previous_run}")
-        data = previous.get("rendezvous.json")
+        data = previous.get(DECISION_KEY)
         if data is None:
             self.say(f"nothing to resume: run {previous_run} has no rendezvous record in the work dir")
             return
