@@ -113,33 +113,25 @@ class WorkDir:
 
     def list(self, prefix: str) -> list[str]:
         """Names directly under ``prefix`` (a directory-like key), fresh from the store; [] if none."""
-        path = self._path(prefix).rstrip("/")
-
-        def attempt() -> list[str]:
-            self.fs.invalidate_cache(path)
-            try:
-                entries = self.fs.ls(path, detail=False)
-            except FileNotFoundError:
-                return []
-            names = (name.rstrip("/").rsplit("/", 1)[-1] for name in entries)
-            return sorted(name for name in names if not name.startswith("."))
-
-        return self._call(f"list {prefix}", attempt)
+        return self._keys(prefix, recursive=False)
 
     def find(self, prefix: str) -> list[str]:
         """Every object key under ``prefix``, recursively, relative to ``prefix``."""
+        return self._keys(prefix, recursive=True)
+
+    def _keys(self, prefix: str, *, recursive: bool) -> list[str]:
         path = self._path(prefix).rstrip("/")
 
         def attempt() -> list[str]:
-            self.fs.invalidate_cache(path)
+            self.fs.invalidate_cache(path)  # s3fs caches listings; the protocol needs fresh ones
             try:
-                found = self.fs.find(path)
+                found = self.fs.find(path) if recursive else self.fs.ls(path, detail=False)
             except FileNotFoundError:
                 return []
-            keys = (name[len(path) + 1:] for name in found if name.startswith(path + "/"))
+            keys = (name.rstrip("/")[len(path) + 1:] for name in found if name.startswith(path + "/"))
             return sorted(key for key in keys if not key.rsplit("/", 1)[-1].startswith("."))
 
-        return self._call(f"find {prefix}", attempt)
+        return self._call(f"{'find' if recursive else 'list'} {prefix}", attempt)
 
     def upload(self, local_path: str, key: str) -> None:
         with open(local_path, "rb") as handle:
