@@ -60,7 +60,9 @@ def show_config(ref: str | None) -> int:
     print(f"MASTER_PORT:  {decision['master_port']}")
     print(f"mode:         {decision['mode']}")
     if decision["ranks"]:
-        print(f"NNODES:       {len(decision['ranks'])}")
+        nodes = len(decision["ranks"])
+        print(f"NNODES:       {nodes}")
+        print(f"WORLD_SIZE:   {nodes * info.processes_per_node} ({info.processes_per_node} processes per node)")
         print("node ranks:")
         for name, rank in sorted(decision["ranks"].items(), key=lambda item: item[1]):
             print(f"  {rank:>4}  {name}")

@@ -29,6 +29,7 @@ class RunInfo:
     spec_file: str
     spec_digest: str
     created_at: float
+    processes_per_node: int = 1
     backend_ids: dict[str, Any] = field(default_factory=dict)
     path: str = ""
 
