@@ -51,8 +51,10 @@ def trial(url: str, n: int, seed: int) -> tuple[list[float], list[int]]:
     def node(i: int, delay: float) -> None:
         time.sleep(delay)  # the simulated start delay
         try:
+            policy = PollPolicy.for_store(stores[i])  # what a real node uses for this store
+            policy.rng = random.Random(seed * 1000 + i)
             await_decision(stores[i], Registration(names[i], "10.0.0.1", 20000 + i), names, timeout=120,
-                           policy=PollPolicy(rng=random.Random(seed * 1000 + i)))
+                           policy=policy)
             decided[i] = time.monotonic()
         except Exception as exc:
             errors.append(exc)

@@ -25,9 +25,11 @@ def run_nodes(url: str, names: list[str], delays: list[float], timeout: float = 
     def node(name: str, delay: float, port: int) -> None:
         time.sleep(delay)  # the start delay under test, not synchronisation
         store = WorkDir(url, fresh_instance=True)
+        policy = PollPolicy.for_store(store)
+        policy.rng = random.Random(port)
         try:
             results[name] = await_decision(store, Registration(name, "10.0.0.%d" % port, 20000 + port), expected,
-                                           timeout=timeout, policy=PollPolicy(rng=random.Random(port)))
+                                           timeout=timeout, policy=policy)
         except Exception as exc:  # recorded and asserted on by the caller
             results[name] = exc
 
