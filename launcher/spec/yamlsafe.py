@@ -64,7 +64,7 @@ def _pos(mark: Any) -> tuple[int, int]:
 def _explain(exc: yaml.MarkedYAMLError, text: str) -> str:
     problem = exc.problem or str(exc)
     mark = exc.problem_mark
-    if mark is not None and text[mark.index: mark.index + 1] == "\t" or "'\\t'" in problem:
+    if (mark is not None and text[mark.index: mark.index + 1] == "\t") or "'\\t'" in problem:
         return "tab character: YAML indentation must use spaces, not tabs"
     context = f" ({exc.context})" if exc.context else ""
     return f"invalid YAML: {problem}{context}"
