@@ -108,9 +108,8 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
         view = read_view(info, follower.run)
         if show_states:
             follower.state_changes(view, states)
-        follower.poll(view)
+        follower.poll(view)  # after reading the view: a node's last chunk precedes its final status
         if view.ended:
-            follower.poll(view)  # the last chunks are written before the final status
             break
         if not keep_following:
             return EXIT_OK

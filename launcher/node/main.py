@@ -220,6 +220,7 @@ class Node:
             except StoreError:
                 pass
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
+        self.shipper.flush()  # every log line is in the work dir before the final status says so
         self.status.update(state=state, reason=reason, exit_code=exit_code)
         return exit_code
 
