@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.errors import BackendError, BadInput
 from launcher.plan import Plan, make_plan
 from launcher.spec.model import Spec
 
@@ -52,8 +53,6 @@ class Backend(ABC):
     def work_dir(self, spec: Spec) -> tuple[str, list[str]]:
         """The work dir the nodes will use, and notes to show the user about the choice."""
         if not spec.cluster.work_dir:
-            from launcher.errors import BadInput
-
             raise BadInput(f"spec.cluster.spec.workDir is required for the {self.name} backend "
                            "(a directory, s3://bucket/prefix or oci://bucket@namespace/prefix)")
         return spec.cluster.work_dir, []
@@ -88,6 +87,4 @@ class Backend(ABC):
         raise self._not_yet("cancel")
 
     def _not_yet(self, verb: str) -> Exception:
-        from launcher.errors import BackendError
-
         return BackendError(f"the {self.name} backend cannot {verb} yet in this version (--dry-run works)")

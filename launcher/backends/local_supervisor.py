@@ -11,15 +11,17 @@ import time
 
 from launcher.backends.local_run import kill_groups
 from launcher.node.control import CANCEL, CONTROL_PREFIX, record_failure
+from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import StoreError, WorkDir
 
 
-def describe(returncode: int) -> str:
+def describe(returncode: int) -> tuple[int, str]:
+    """Exit status and reason for a node process that ended without reporting."""
     if returncode < 0:
-        return f"node process killed by {signal.Signals(-returncode).name}"
-    return f"node process exited with status {returncode} without reporting"
+        return killed_by(-returncode), f"node process killed by {signal_name(-returncode)}"
+    return returncode, f"node process exited with status {returncode} without reporting"
 
 
 def record_on_behalf(run: WorkDir, name: str, returncode: int) -> None:
@@ -33,8 +35,7 @@ def record_on_behalf(run: WorkDir, name: str, returncode: int) -> None:
     if status.get("outputs_dir"):  # same machine: save what the node could not sync itself
         OutputsSync(run, name, status["outputs_dir"]).sync()
     cancelled = CANCEL in run.list(CONTROL_PREFIX)
-    reason = describe(returncode)
-    exit_code = returncode if returncode >= 0 else 128 - returncode
+    exit_code, reason = describe(returncode)
     status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
                    "reason": reason, "ended_at": time.time(), "updated_at": time.time(), "reported_by": "supervisor"})
     run.put(status_key(name), json.dumps(status).encode())

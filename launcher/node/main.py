@@ -19,6 +19,7 @@ from typing import IO
 
 from launcher.node import outputs as outputs_mod
 from launcher.node.control import ControlWatch, StopRequest, record_failure
+from launcher.node.exits import killed_by, signal_name
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, own_address
 from launcher.node.rendezvous import (DECISION_KEY, Decision, RendezvousCancelled, RendezvousError,
@@ -59,7 +60,7 @@ class Node:
         self.shipper.add("node", message)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        request = StopRequest("cancelled", f"received {signal.Signals(signum).name}")
+        request = StopRequest("cancelled", f"received {signal_name(signum)}")
         if self.proc is None:
             raise Stopped(request.reason)
         self.stop_request = self.stop_request or request
@@ -179,8 +180,8 @@ class Node:
             reason = f"training exited with status {code}"
         elif self.child_exit_code is not None and self.child_exit_code < 0:
             signum = -self.child_exit_code
-            code = 128 + signum  # the shell's convention for "killed by signal"
-            reason = f"a training process was killed by {_signal_name(signum)}"
+            code = killed_by(signum)
+            reason = f"a training process was killed by {signal_name(signum)}"
         return self._finish("failed", reason, code, mark_failed=True)
 
     def _control_check(self, force: bool = False) -> StopRequest | None:
@@ -223,13 +224,6 @@ class Node:
         self.shipper.flush()  # every log line is in the work dir before the final status says so
         self.status.update(state=state, reason=reason, exit_code=exit_code)
         return exit_code
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 class _ExitEvent:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +95,3 @@ def resolve_run(ref: str | None) -> RunInfo:
         raise BadInput(f"'{ref}' matches {len(matches)} runs: {', '.join(m.run_id for m in matches[:5])}")
     raise BadInput(f"no run '{ref}' (not a run id in {runs_dir()}, nor an info.yaml path)")
 
-
-def now() -> float:
-    return time.time()

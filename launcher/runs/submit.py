@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TextIO
 
 from launcher.backends.base import Backend, DryRun
@@ -22,7 +23,7 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
         out.write(f"note: {note}\n")
     info = state.RunInfo(run_id=plan.run_id, backend=backend.name, work_dir=plan.work_dir,
                          nodes=plan.node_names, spec_file=str(plan.spec.source or ""),
-                         spec_digest=plan.spec.digest, created_at=state.now(),
+                         spec_digest=plan.spec.digest, created_at=time.time(),
                          processes_per_node=plan.spec.cluster.processes_per_node)
     state_dir = state.runs_dir() / plan.run_id
     _refuse_reuse(info, state_dir)
