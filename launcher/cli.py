@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", action="append", help="only this node (repeatable)")
     p.add_argument("--since", metavar="WHEN", help="only lines newer than this: seconds ago (e.g. 90), "
                    "with unit (5m, 2h) or an ISO time")
+    p.add_argument("--tail", type=int, metavar="N", help="start with only the last N lines already written")
     p.add_argument("--no-follow", action="store_true", help="print what is there and stop")
     p.set_defaults(handler=_watch)
 
@@ -112,7 +113,8 @@ def _compose(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     from launcher.commands.watch import watch
 
-    return watch(args.run, nodes=args.node, since=args.since, follow_logs=not args.no_follow, verbose=args.verbose)
+    return watch(args.run, nodes=args.node, since=args.since, tail=args.tail, follow_logs=not args.no_follow,
+                 verbose=args.verbose)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -57,13 +57,6 @@ def new_run_id(spec: Spec, now: float | None = None) -> str:
     return f"{slug(spec.name)[:40]}-{stamp}-{os.urandom(3).hex()}"
 
 
-def node_names(spec: Spec) -> list[str]:
-    cluster = spec.cluster
-    names = [cluster.main.name if cluster.main.replicas == 1 else f"{cluster.main.name}-{i}"
-             for i in range(cluster.main.replicas)]
-    return names + [f"{cluster.worker.name}-{i}" for i in range(cluster.worker.replicas)]
-
-
 def image_tag(spec: Spec) -> str:
     return f"launcher/{slug(spec.name)}:{spec.digest}"
 
@@ -81,7 +74,7 @@ def image_build(spec: Spec, base_image: str | None = None) -> ImageBuild:
                       build_args=args, tag=image_tag(spec))
 
 
-def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGroup, all_nodes: Sequence[str],
+def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGroup,
              resume_from: str | None = None) -> dict[str, str]:
     """Every variable a node starts with: the user's env first, then launcher's own, which win.
 
@@ -94,7 +87,7 @@ def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGr
         "LAUNCHER_RUN_ID": run_id,
         "LAUNCHER_WORK_DIR": work_dir,
         "LAUNCHER_NODE_NAME": node,
-        "LAUNCHER_NODE_NAMES": json.dumps(list(all_nodes)),
+        "LAUNCHER_NODE_GROUPS": json.dumps(cluster.group_sizes),
         "LAUNCHER_NPROC_PER_NODE": str(cluster.processes_per_node),
         "LAUNCHER_ENTRYPOINT": spec.runtime.entry_point,
         "LAUNCHER_ARGS": json.dumps(list(spec.runtime.args), ensure_ascii=False),
@@ -118,12 +111,11 @@ def make_plan(spec: Spec, *, work_dir: str, node_command: Sequence[str], run_id:
               resume_from: str | None = None, extra_env: Mapping[str, str] | None = None) -> Plan:
     """Build the plan. ``extra_env`` holds backend facts (e.g. the local backend's loopback address)."""
     run_id = run_id or new_run_id(spec)
-    names = node_names(spec)
+    names = spec.cluster.node_names
     groups = [spec.cluster.main] * spec.cluster.main.replicas + [spec.cluster.worker] * spec.cluster.worker.replicas
     nodes = []
     for name, group in zip(names, groups):
-        env = node_env(spec, run_id=run_id, work_dir=work_dir, node=name, group=group, all_nodes=names,
-                       resume_from=resume_from)
+        env = node_env(spec, run_id=run_id, work_dir=work_dir, node=name, group=group, resume_from=resume_from)
         env.update(extra_env or {})
         nodes.append(NodeConfig(name=name, group="main" if group is spec.cluster.main else "worker",
                                 image=resolve_image(spec, group), env=env, command=tuple(node_command)))

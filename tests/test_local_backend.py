@@ -137,7 +137,7 @@ def test_killed_node_fails_the_run_fast_and_a_rerun_resumes(tmp_path, launcher_h
     watcher.wait_for(r"r0\] rank 0: epoch 4/400")  # by then checkpoint 3 is on disk
     ranks = json.loads(run_cli("status", run_id, "--json").stdout)["nodes"]
     victim = next(name for name, node in ranks.items() if node["rank"] == 2)
-    os.kill(info["backend_ids"]["node_pids"][victim], signal.SIGKILL)
+    os.kill(info["backend_ids"]["nodes"][victim]["pid"], signal.SIGKILL)
     killed_at = time.monotonic()
     code, output = watcher.finish(timeout=60)
     assert time.monotonic() - killed_at < 10, "the run did not end within 10 s of the kill"
@@ -150,8 +150,8 @@ def test_killed_node_fails_the_run_fast_and_a_rerun_resumes(tmp_path, launcher_h
     assert f"failed: node {victim} (rank {rank}) exited with status 137" in output
     table = run_cli("status", run_id).stdout
     assert re.search(rf"{re.escape(victim)}\s+{rank}\s+failed\s+137", table)
-    for pid in info["backend_ids"]["node_pids"].values():
-        assert not alive(pid)
+    for ref in info["backend_ids"]["nodes"].values():
+        assert not alive(ref["pid"])
 
     # Run again from the failed run's checkpoints.
     again = run_cli("run", "-f", str(spec.with_name("train.yaml")), "--resume-from", run_id, "--detach", cwd=tmp_path)
@@ -183,8 +183,8 @@ def test_cancel_stops_every_process_and_keeps_logs(tmp_path, launcher_home):
     assert final["result"] == "cancelled"
     assert {n["state"] for n in final["nodes"].values()} == {"cancelled"}
     ids = info["backend_ids"]
-    for pid in [ids["supervisor_pid"], *ids["node_pids"].values()]:
-        assert not alive(pid), pid
+    for ref in [ids["supervisor"], *ids["nodes"].values()]:
+        assert not alive(ref["pid"]), ref
     for pgid in training_groups:
         assert not group_alive(pgid), pgid
     logs = run_cli("watch", run_id, "--no-follow").stdout
@@ -206,7 +206,7 @@ def test_the_dry_run_is_what_the_nodes_receive(tmp_path, launcher_home):
     started = run_cli("run", "-f", str(spec), "--run-id", "same-id-1", "--detach", cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     try:
-        pids = info_of(launcher_home, "same-id-1")["backend_ids"]["node_pids"]
+        pids = {name: ref["pid"] for name, ref in info_of(launcher_home, "same-id-1")["backend_ids"]["nodes"].items()}
         for node in dry["nodes"]:
             raw = Path(f"/proc/{pids[node['name']]}/environ").read_bytes().split(b"\0")
             environ = dict(item.decode().split("=", 1) for item in raw if b"=" in item)

@@ -83,7 +83,7 @@ def test_other_frameworks_get_not_supported(tmp_path, framework):
 def test_wrong_type_reports_file_line_column_path_and_rule(tmp_path):
     path = write(tmp_path, VALID.replace("replicas: 2", "replicas: -1"))
     assert problems_of(path) == [
-        f"{path}:14:19: spec.cluster.spec.worker.replicas: must be an integer >= 0 (got -1)"]
+        f"{path}:14:19: spec.cluster.spec.worker.replicas: must be an integer from 0 to 1023 (got -1)"]
 
 
 def test_unknown_key_gets_did_you_mean_at_the_key(tmp_path):
@@ -100,7 +100,7 @@ def test_every_problem_is_reported_in_one_pass_in_file_order(tmp_path):
     assert len(problems) == 4, problems
     assert "spec.infrastructure.type: must be one of 'dataScienceJob', 'local', 'docker' (got 'locl'); " \
            "did you mean 'local'?" in problems[0]
-    assert "spec.cluster.spec.worker.replicas: must be an integer >= 0 (got string 'two')" in problems[1]
+    assert "spec.cluster.spec.worker.replicas: must be an integer from 0 to 1023 (got string 'two')" in problems[1]
     assert "spec.runtime.spec: missing required key 'entryPoint'" in problems[2]
     assert "unknown key 'entrypoint'; did you mean 'entryPoint'?" in problems[3]
     lines = [int(p.split(":")[1]) for p in problems]
@@ -173,7 +173,7 @@ def test_cli_validate_exit_statuses_and_no_traceback(tmp_path):
     bad = run_cli("validate", "-f", str(write(tmp_path, VALID.replace("replicas: 2", "replicas: x"), "bad.yaml")))
     assert bad.returncode == 2
     assert bad.stderr.startswith(f"{tmp_path / 'bad.yaml'}:14:19: spec.cluster.spec.worker.replicas: "
-                                 "must be an integer >= 0")
+                                 "must be an integer from 0 to 1023")
     assert "Traceback" not in bad.stderr
     missing = run_cli("validate", "-f", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "no such file" in missing.stderr and "Traceback" not in missing.stderr

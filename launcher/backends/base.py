@@ -12,6 +12,7 @@ from typing import Any
 
 from launcher.errors import BackendError, BadInput
 from launcher.plan import Plan, make_plan
+from launcher.runs.state import RunInfo
 from launcher.spec.model import Spec
 
 
@@ -22,6 +23,17 @@ class Request:
     operation: str
     target: str
     body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class NodeFate:
+    """A node as its backend sees it, independent of the work dir: running, or gone and how."""
+
+    running: bool
+    exit_code: int | None = None
+    reason: str | None = None
+    console_log: str | None = None  # where the node's own output went, for the user to read
+    ended_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,9 @@ class Backend(ABC):
         plan, notes = self.plan(spec, run_id=run_id, resume_from=resume_from)
         return DryRun(self.name, plan, tuple(self.requests(plan)), tuple(notes))
 
+    def check(self, dryrun: DryRun) -> None:
+        """Refuse, before anything starts, a request this backend cannot carry out (raise BadInput)."""
+
     @abstractmethod
     def requests(self, plan: Plan) -> list[Request]:
         """The exact requests :meth:`schedule` will send for ``plan``. Pure: no I/O."""
@@ -78,11 +93,11 @@ class Backend(ABC):
         """Send the requests; return backend facts for ``info.yaml`` (ids, process ids, ...)."""
         raise self._not_yet("run")
 
-    def alive(self, backend_ids: dict[str, Any]) -> bool | None:
-        """Whether anything of the run may still be running; None when the backend cannot tell."""
-        return None
+    def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
+        """What the backend itself knows of each node (running, or ended how); {} when it cannot tell."""
+        return {}
 
-    def stop(self, backend_ids: dict[str, Any], grace: float) -> list[str]:
+    def stop(self, info: RunInfo, grace: float) -> list[str]:
         """Force-stop what is left after ``grace`` seconds (the cancel marker asked first); return what was forced."""
         raise self._not_yet("cancel")
 

@@ -13,11 +13,11 @@ def cancel(ref: str | None, *, grace: float) -> int:
     info = resolve_run(ref)
     view = read_view(info)
     if view.ended:
-        print(f"run {info.run_id} already ended: {view.result}")
+        print(f"run {info.run_id} already ended: {view.result}; nothing to cancel")
         return EXIT_OK
     request_cancel(open_run(info))
     print(f"run {info.run_id}: cancel requested; nodes stop within seconds (forced after {grace:g}s)")
-    forced = backend_for(info.backend, "local").stop(info.backend_ids, grace)
+    forced = backend_for(info.backend, "local").stop(info, grace)
     if forced:
         print(f"forced: {', '.join(forced)} did not stop in {grace:g}s and were killed")
     print(f"run {info.run_id}: {read_view(info).result}")

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from launcher.errors import EXIT_OK, EXIT_RUN_FAILED
+from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
 from launcher.runs.state import all_runs, resolve_run
 from launcher.runs.view import closing_line, read_view
 
@@ -30,12 +30,14 @@ def status(ref: str | None, *, as_json: bool) -> int:
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "result": view.result,
                    "work_dir": info.run_url, "nodes": {n: view.statuses.get(n) for n in info.nodes},
-                   "failures": view.failures}, sys.stdout, indent=2)
+                   "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure()},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         rows = [["NODE", "RANK", "STATE", "EXIT", "ADDRESS", "UPDATED", "REASON"]]
+        lost = view.lost
         for name in info.nodes:
-            record = view.statuses.get(name, {})
+            record = {**view.statuses.get(name, {}), **({"state": "lost", **lost[name]} if name in lost else {})}
             rank = view.rank_of(name)
             rows.append([name, "-" if rank is None else str(rank), record.get("state", "pending"),
                          "-" if record.get("exit_code") is None else str(record["exit_code"]),
@@ -78,8 +80,8 @@ def list_runs(limit: int) -> int:
     for info in runs:
         try:
             result = read_view(info).result
-        except Exception as exc:  # an unreachable work dir must not hide the other runs
-            result = f"unknown ({type(exc).__name__})"
+        except LauncherError as exc:  # an unreachable work dir must not hide the other runs
+            result = f"unknown ({exc})"
         rows.append([info.run_id, info.backend, str(len(info.nodes)), _age(info.created_at), result])
     print(_table(rows))
     return EXIT_OK

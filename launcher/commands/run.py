@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 import re
+import sys
 
 from launcher import render
 from launcher.backends import backend_for
@@ -18,16 +17,24 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: bool, resume_from: str | None,
         run_id: str | None, verbose: bool) -> int:
+    if output != "text" and not dry_run:
+        raise BadInput(f"--output {output} is for --dry-run; for a machine-readable view of a run use "
+                       "launcher status RUN --json")
+    if run_id is not None and not RUN_ID.fullmatch(run_id):
+        raise BadInput(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
     spec = load_spec(file)
     chosen = backend_for(backend, spec.infra_type)
-    resume_run = None
+    resume_url = None
     if resume_from:
         from launcher.runs.state import resolve_run
 
-        resume_run = resolve_run(resume_from).run_id
-    if run_id is not None and not RUN_ID.fullmatch(run_id):
-        raise BadInput(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
-    request = chosen.dryrun(spec, run_id=run_id, resume_from=resume_run)
+        # The earlier run's own work dir, from its record: it may differ from this spec's.
+        resume_url = resolve_run(resume_from).run_url
+        if not dry_run:
+            from launcher.runs.preflight import resume_source
+
+            resume_source(resume_url)
+    request = chosen.dryrun(spec, run_id=run_id, resume_from=resume_url)
     if dry_run:
         data = mask(request.to_dict())
         if output == "text":

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
+import collections
+import heapq
 import json
 import re
 import sys
 import time
 from datetime import datetime
-from typing import TextIO
+from typing import Iterable, Iterator, TextIO
 
 from launcher.backends import backend_for
 from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, BadInput
-from launcher.node.logship import LOGS_PREFIX
+from launcher.node.logship import LOGS_PREFIX, parse_chunk_name
 from launcher.runs.state import RunInfo, resolve_run
 from launcher.runs.view import RunView, closing_line, open_run, read_view
 
 POLL_SECONDS = 0.25
 COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92)
-# After the backend says nothing runs any more, how long to wait for final records to appear.
-SETTLE_SECONDS = 5.0
 
 
 def parse_since(text: str | None, now: float | None = None) -> float | None:
@@ -37,9 +37,15 @@ def parse_since(text: str | None, now: float | None = None) -> float | None:
 
 
 class LogFollower:
-    """Reads new log chunks of a run and prints their lines with a node/rank prefix."""
+    """Reads new log chunks of a run and prints their lines with a node/rank prefix.
 
-    def __init__(self, info: RunInfo, out: TextIO, *, nodes: list[str] | None = None, since: float | None = None):
+    Memory stays bounded whatever the size of the log: each node's chunks are read one at a
+    time, in order, and the nodes' streams are merged by time as they are read (a chunk holds
+    at most :data:`MAX_CHUNK_LINES` lines), so at most one chunk per node is held at once.
+    """
+
+    def __init__(self, info: RunInfo, out: TextIO, *, nodes: list[str] | None = None, since: float | None = None,
+                 tail: int | None = None):
         unknown = sorted(set(nodes or ()) - set(info.nodes))
         if unknown:
             raise BadInput(f"no node {', '.join(unknown)} in run {info.run_id}; nodes: {', '.join(info.nodes)}")
@@ -47,15 +53,17 @@ class LogFollower:
         self.out = out
         self.nodes = nodes or info.nodes
         self.since = since
+        self.tail = tail  # applies to what is there at the first poll; later lines all print
         self.run = open_run(info)
         self.read: set[str] = set()
         self.colour = out.isatty()
         self.width = max(len(n) for n in self.nodes)
+        self._order = {name: index for index, name in enumerate(info.nodes)}
 
     def prefix(self, node: str, rank: int | None) -> str:
         label = f"[{node:<{self.width}} r{'?' if rank is None else rank}]"
         if self.colour:
-            code = COLOURS[self.info.nodes.index(node) % len(COLOURS)]
+            code = COLOURS[self._order[node] % len(COLOURS)]
             return f"\x1b[{code}m{label}\x1b[0m"
         return label
 
@@ -70,42 +78,65 @@ class LogFollower:
                 self.out.write(f"{self.prefix(node, view.rank_of(node))} -- {state}{detail}\n")
         self.out.flush()
 
-    def poll(self, view: RunView | None) -> int:
-        """Print lines from chunks not read yet; return how many lines were printed."""
-        records = []
-        keys = [k for k in self.run.find(LOGS_PREFIX) if k not in self.read]
+    def _new_chunks(self) -> dict[str, list[str]]:
+        """Per node, the keys of chunks not read yet, in the order the node wrote them (one LIST)."""
+        chunks: dict[str, list[tuple[int, str]]] = {}
+        wanted = set(self.nodes)
+        for key in self.run.find(LOGS_PREFIX):
+            if key in self.read:
+                continue
+            node, _, name = key.partition("/")
+            if node not in wanted or "/" in name:
+                continue
+            seq, last = parse_chunk_name(name)
+            if self.since is not None and last is not None and last < self.since:
+                self.read.add(key)  # wholly older than --since: never fetched
+                continue
+            chunks.setdefault(node, []).append((seq, key))
+        return {node: [key for _, key in sorted(keys)] for node, keys in chunks.items()}
+
+    def _records(self, node: str, keys: list[str]) -> Iterator[tuple[float, int, dict]]:
         for key in keys:
-            node = key.split("/", 1)[0]
-            if node not in self.nodes:
-                continue
             data = self.run.get(f"{LOGS_PREFIX}/{key}")
-            if data is None:
-                continue
+            if data is None:  # listed but not readable yet: stop here, keep order, retry next poll
+                return
             self.read.add(key)
             for line in data.decode("utf-8", "replace").splitlines():
-                record = json.loads(line)
-                if self.since is None or record["t"] >= self.since:
-                    records.append((record["t"], key, node, record))
-        records.sort(key=lambda item: (item[0], item[1]))
-        for _, _, node, record in records:
+                try:
+                    record = json.loads(line)
+                    stamp = float(record["t"])
+                except (ValueError, KeyError, TypeError):
+                    continue  # a damaged line in the store must not stop the stream
+                if self.since is None or stamp >= self.since:
+                    yield stamp, self._order[node], {**record, "node": node}
+
+    def poll(self, view: RunView | None) -> int:
+        """Print lines from chunks not read yet; return how many lines were printed."""
+        streams = [self._records(node, keys) for node, keys in self._new_chunks().items()]
+        merged: Iterable[tuple[float, int, dict]] = heapq.merge(*streams, key=lambda item: (item[0], item[1]))
+        if self.tail is not None:
+            merged, self.tail = collections.deque(merged, maxlen=self.tail), None
+        count = 0
+        for _, _, record in merged:
+            node = record["node"]
             rank = view.rank_of(node) if view else None
-            text = record["m"] if record["s"] != "node" else f"[launcher] {record['m']}"
+            text = record.get("m", "") if record.get("s") != "node" else f"[launcher] {record.get('m', '')}"
             self.out.write(f"{self.prefix(node, rank)} {text}\n")
-        if records:
+            count += 1
+        if count:
             self.out.flush()
-        return len(records)
+        return count
 
 
 def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | None = None,
-           since: float | None = None, keep_following: bool = True, verbose: bool = False,
-           out: TextIO = sys.stdout) -> int:
+           since: float | None = None, tail: int | None = None, keep_following: bool = True,
+           verbose: bool = False, out: TextIO = sys.stdout) -> int:
     backend = backend or backend_for(info.backend, "local")
-    follower = LogFollower(info, out, nodes=nodes, since=since)
+    follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail)
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
-    gone_since: float | None = None
     while True:
-        view = read_view(info, follower.run)
+        view = read_view(info, follower.run, backend)
         if show_states:
             follower.state_changes(view, states)
         follower.poll(view)  # after reading the view: a node's last chunk precedes its final status
@@ -113,20 +144,16 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
             break
         if not keep_following:
             return EXIT_OK
-        if backend.alive(info.backend_ids) is False:
-            gone_since = gone_since or time.monotonic()
-            if time.monotonic() - gone_since > SETTLE_SECONDS:
-                missing = [n for n in info.nodes if n not in view.statuses]
-                out.write(f"run {info.run_id}: no process is left but nodes never reported: "
-                          f"{', '.join(missing) or 'final states'}\n")
-                return EXIT_RUN_FAILED
         time.sleep(POLL_SECONDS)  # the work dir offers no change notification: poll it
     out.write(closing_line(view) + "\n")
     out.flush()
     return EXIT_OK if view.result == "succeeded" else EXIT_RUN_FAILED
 
 
-def watch(ref: str | None, *, nodes: list[str] | None, since: str | None, follow_logs: bool,
+def watch(ref: str | None, *, nodes: list[str] | None, since: str | None, tail: int | None, follow_logs: bool,
           verbose: bool = False) -> int:
+    if tail is not None and tail < 0:
+        raise BadInput(f"--tail {tail}: use a number of lines >= 0")
     info = resolve_run(ref)
-    return follow(info, nodes=nodes, since=parse_since(since), keep_following=follow_logs, verbose=verbose)
+    return follow(info, nodes=nodes, since=parse_since(since), tail=tail, keep_following=follow_logs,
+                  verbose=verbose)

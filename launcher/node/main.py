@@ -39,6 +39,10 @@ STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
 CHILD_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
+class NothingToResume(Exception):
+    """``--resume-from`` named a run that left no outputs: starting from scratch would hide that."""
+
+
 class Stopped(Exception):
     """Raised by the signal handler while no training process is running yet."""
 
@@ -76,6 +80,8 @@ class Node:
             return self._finish("cancelled", str(exc), EXIT_CANCELLED)
         except RendezvousTimeout as exc:
             return self._finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
+        except NothingToResume as exc:
+            return self._finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
         except (RendezvousError, StoreError) as exc:
             return self._finish("failed", str(exc), EXIT_STORE, mark_failed=True)
         finally:
@@ -108,15 +114,15 @@ class Node:
         waiting = f", waiting for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}" if missing else ""
         self.say(f"{len(registered)}/{total} nodes registered{waiting}")
 
-    def _restore(self, previous_run: str) -> None:
-        previous = WorkDir(f"{self.settings.work_dir.rstrip('/')}/{previous_run}")
+    def _restore(self, previous_url: str) -> None:
+        previous = WorkDir(previous_url)
         data = previous.get(DECISION_KEY)
-        if data is None:
-            self.say(f"nothing to resume: run {previous_run} has no rendezvous record in the work dir")
-            return
-        source = Decision.from_bytes(data).main
+        main = Decision.from_bytes(data).main if data else None
+        source = outputs_mod.checkpoint_holder(previous, prefer=main)
+        if source is None:
+            raise NothingToResume(f"nothing to resume: {previous_url}/{outputs_mod.OUTPUTS_PREFIX}/ holds no outputs")
         count = outputs_mod.restore(previous, source, self.settings.outputs_dir)
-        self.say(f"restored {count} output files of run {previous_run} (node {source}) into "
+        self.say(f"restored {count} output files of {previous_url} (node {source}) into "
                  f"{self.settings.outputs_dir}")
 
     def _train(self, decision: Decision) -> int:
@@ -161,6 +167,8 @@ class Node:
         synced = sync.sync()
         if synced:
             self.say(f"synced {synced} output files to {self.run.url}/outputs/{settings.node}/")
+        if settings.outputs_temporary:  # every file is in the work dir now
+            outputs_mod.remove_temporary(settings.outputs_dir)
         if code != 0 and self.stop_request is None:
             # Did training fail because the run was cancelled or a peer failed first? Then that is the cause.
             self.stop_request = self._control_check(force=True)
@@ -259,4 +267,9 @@ def main() -> int:
     except SettingsError as exc:
         print(f"launcher node: {exc}", file=sys.stderr)
         return EXIT_BAD_ENV
-    return Node(settings).main()
+    try:
+        node = Node(settings)
+    except StoreError as exc:
+        print(f"launcher node {settings.node}: {exc}", file=sys.stderr)
+        return EXIT_STORE
+    return node.main()

@@ -7,6 +7,7 @@ in-progress temporaries and skipped, so write-then-rename checkpoints are never 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from launcher.node.store import WorkDir
@@ -56,3 +57,28 @@ def restore(run: WorkDir, node: str, directory: str) -> int:
     for rel in keys:
         run.download(f"{prefix}/{rel}", os.path.join(directory, rel))
     return len(keys)
+
+
+def checkpoint_holder(run: WorkDir, prefer: str | None = None) -> str | None:
+    """The node whose outputs a resume should start from: the one that kept the most files.
+
+    Usually one rank writes checkpoints (rank 0), and in elastic mode that rank may be on any
+    node, so the run's main is only the tie-breaker. None when no node left outputs.
+    """
+    counts: dict[str, int] = {}
+    for key in run.find(OUTPUTS_PREFIX):
+        node = key.split("/", 1)[0]
+        counts[node] = counts.get(node, 0) + 1
+    if not counts:
+        return None
+    return max(sorted(counts), key=lambda node: (counts[node], node == prefer))
+
+
+def remove_temporary(directory: str) -> None:
+    """Remove a launcher-chosen ``{tmp}/launcher/{run}/{node}/outputs`` and its then-empty parents."""
+    node_dir = Path(directory).parent
+    shutil.rmtree(node_dir, ignore_errors=True)
+    try:
+        node_dir.parent.rmdir()  # the run's directory, once its last node is done
+    except OSError:
+        pass

@@ -8,6 +8,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Mapping
 
+from launcher import node_names
+
 
 class SettingsError(Exception):
     pass
@@ -26,6 +28,7 @@ class NodeSettings:
     rendezvous_timeout: float
     master_port: int
     outputs_dir: str
+    outputs_temporary: bool  # launcher chose the directory: removed once its files are in the work dir
     outputs_sync_interval: float
     elastic: dict | None
     resume_from: str | None
@@ -45,10 +48,16 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
     try:
         node = need("LAUNCHER_NODE_NAME")
         run_id = need("LAUNCHER_RUN_ID")
-        nodes = tuple(json.loads(need("LAUNCHER_NODE_NAMES")))
+        nodes = tuple(node_names.expand([(str(name), int(count)) for name, count
+                                         in json.loads(need("LAUNCHER_NODE_GROUPS"))]))
         if node not in nodes:
-            raise SettingsError(f"LAUNCHER_NODE_NAME {node!r} is not one of LAUNCHER_NODE_NAMES {list(nodes)}")
-        default_outputs = os.path.join(tempfile.gettempdir(), "launcher", run_id, node, "outputs")
+            raise SettingsError(f"LAUNCHER_NODE_NAME {node!r} is not a node of LAUNCHER_NODE_GROUPS "
+                                f"({len(nodes)} nodes)")
+        # Per run and per node, also under a configured outputsDir: nodes sharing a filesystem (local
+        # nodes, a shared volume) and later runs never write into, or resume from, each other's files.
+        configured = env.get("LAUNCHER_OUTPUTS_DIR")
+        outputs_dir = (os.path.join(configured, run_id, node) if configured
+                       else os.path.join(tempfile.gettempdir(), "launcher", run_id, node, "outputs"))
         return NodeSettings(
             run_id=run_id,
             work_dir=need("LAUNCHER_WORK_DIR"),
@@ -60,7 +69,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
             start_options=tuple(json.loads(env.get("LAUNCHER_START_OPTIONS", "[]"))),
             rendezvous_timeout=float(env.get("LAUNCHER_RDZV_TIMEOUT", "600")),
             master_port=int(env.get("LAUNCHER_MASTER_PORT", "0")),
-            outputs_dir=env.get("LAUNCHER_OUTPUTS_DIR") or default_outputs,
+            outputs_dir=outputs_dir,
+            outputs_temporary=not configured,
             outputs_sync_interval=float(env.get("LAUNCHER_OUTPUTS_SYNC_INTERVAL", "30")),
             elastic=json.loads(env["LAUNCHER_ELASTIC"]) if env.get("LAUNCHER_ELASTIC") else None,
             resume_from=env.get("LAUNCHER_RESUME_FROM") or None,

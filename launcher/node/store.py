@@ -8,6 +8,7 @@ request rate per node can be measured (benchmarks/) and bounded (docs/protocol.m
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import threading
@@ -16,15 +17,48 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from launcher.errors import EXIT_BACKEND, LauncherError
+
 T = TypeVar("T")
 
-# Errors that retrying cannot fix; everything else from a store is treated as transient.
-PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
-             ValueError, TypeError)
+# Errors that retrying cannot fix; anything else from a store is treated as transient.
+PERMANENT_TYPES = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError,
+                   ValueError, TypeError, ImportError)
+PERMANENT_ERRNOS = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENAMETOOLONG,
+                    errno.ENOTDIR, errno.EISDIR}
+# Names of the exceptions (and S3 / OCI error codes in their messages) that mean "fix the setup":
+# matched by name so this module never imports botocore or oci.
+PERMANENT_NAMES = ("NoCredentialsError", "PartialCredentialsError", "NoRegionError", "InvalidAccessKeyId",
+                   "SignatureDoesNotMatch", "AccessDenied", "NoSuchBucket", "InvalidBucketName",
+                   "BucketNotFound", "NotAuthenticated", "NotAuthorizedOrNotFound", "InvalidConfig",
+                   "ConfigFileNotFound", "ProfileNotFound")
 
 
-class StoreError(Exception):
-    """The work dir could not be reached after retries."""
+class StoreError(LauncherError):
+    """The work dir could not be used: a permanent error at once, a transient one after retries."""
+
+    exit_status = EXIT_BACKEND
+
+    def __init__(self, message: str, *, permanent: bool):
+        super().__init__(message)
+        self.permanent = permanent
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether retrying ``exc`` is pointless: missing bucket, read-only or full disk, no credentials, ..."""
+    if isinstance(exc, PERMANENT_TYPES):
+        return True
+    if isinstance(exc, OSError) and exc.errno in PERMANENT_ERRNOS:
+        return True
+    if getattr(exc, "status", None) in (401, 403, 404):  # oci.exceptions.ServiceError
+        return True
+    text = f"{type(exc).__name__} {exc}"
+    return any(name in text for name in PERMANENT_NAMES)
+
+
+def describe_error(exc: BaseException) -> str:
+    """The store's own words, without a traceback: ``PermissionError: [Errno 13] Permission denied: '/x'``."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class WorkDir:
@@ -35,8 +69,15 @@ class WorkDir:
         import fsspec
 
         self.url = url.rstrip("/")
-        kwargs = {"skip_instance_cache": True} if fresh_instance else {}
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **kwargs)
+        kwargs: dict[str, Any] = {"skip_instance_cache": True} if fresh_instance else {}
+        if "://" in self.url and not self.url.startswith("file://"):
+            # The protocol needs every LIST fresh from the store: a cached listing of logs/<node>/
+            # hides chunks written since, and a follower that then sees the final status stops early.
+            kwargs["use_listings_cache"] = False
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url, **kwargs)
+        except ImportError as exc:
+            raise StoreError(f"work dir {self.url}: {exc}", permanent=True) from None
         self.root = self.root.rstrip("/")
         self.is_local = "file" in _protocols(self.fs)
         self.attempts = attempts
@@ -56,11 +97,13 @@ class WorkDir:
                 self.requests += 1
             try:
                 return action()
-            except PERMANENT:
-                raise
-            except Exception as exc:  # transient: network, throttling, 5xx
-                if attempt == self.attempts:
-                    raise StoreError(f"work dir {self.url}: {what} failed after {attempt} attempts: {exc}") from exc
+            except Exception as exc:
+                if is_permanent(exc):
+                    raise StoreError(f"work dir {self.url}: {what} failed: {describe_error(exc)}",
+                                     permanent=True) from exc
+                if attempt == self.attempts:  # transient (network, throttling, 5xx) but it lasted
+                    raise StoreError(f"work dir {self.url}: {what} failed after {attempt} attempts: "
+                                     f"{describe_error(exc)}", permanent=False) from exc
                 with self._lock:
                     self.retries += 1
                 # Full jitter: spreads retries of many nodes hitting the same fault.
@@ -123,7 +166,6 @@ class WorkDir:
         path = self._path(prefix).rstrip("/")
 
         def attempt() -> list[str]:
-            self.fs.invalidate_cache(path)  # s3fs caches listings; the protocol needs fresh ones
             try:
                 found = self.fs.find(path) if recursive else self.fs.ls(path, detail=False)
             except FileNotFoundError:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import BadInput
+from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
 
 
@@ -29,6 +29,7 @@ class RunInfo:
     spec_digest: str
     created_at: float
     processes_per_node: int = 1
+    submission: str = "submitted"  # submitting | submitted | failed: how far `run` got
     backend_ids: dict[str, Any] = field(default_factory=dict)
     path: str = ""
 
@@ -47,8 +48,12 @@ def save(info: RunInfo) -> Path:
     path = runs_dir() / info.run_id / "info.yaml"
     info.path = str(path)
     data = {k: v for k, v in asdict(info).items() if k != "path"}
-    atomic_write(path, "# Written by launcher; any verb accepts this file's path as RUN.\n"
-                 + yaml.safe_dump(data, sort_keys=False))
+    try:
+        atomic_write(path, "# Written by launcher; any verb accepts this file's path as RUN.\n"
+                     + yaml.safe_dump(data, sort_keys=False))
+    except OSError as exc:
+        raise BackendError(f"cannot write the run record {path}: {exc.strerror or exc}; set LAUNCHER_HOME "
+                           "to a writable directory") from None
     return path
 
 
@@ -57,8 +62,13 @@ def load(path: Path) -> RunInfo:
 
     try:
         data = yaml.safe_load(path.read_text())
-        return RunInfo(**data, path=str(path))
-    except (OSError, TypeError, yaml.YAMLError) as exc:
+        info = RunInfo(**data, path=str(path))
+        if not (isinstance(info.nodes, list) and all(isinstance(n, str) for n in info.nodes) and info.nodes
+                and isinstance(info.run_id, str) and isinstance(info.work_dir, str)
+                and isinstance(info.backend_ids, dict) and isinstance(info.created_at, (int, float))):
+            raise TypeError("fields of the wrong type")
+        return info
+    except (OSError, TypeError, ValueError, yaml.YAMLError) as exc:
         raise BadInput(f"{path}: not a launcher info.yaml ({exc})") from None
 
 

@@ -1,20 +1,37 @@
-"""Submit a dry-run value, record the run in info.yaml, and (unless detached) follow it to the end."""
+"""Submit a dry-run value, record the run, and (unless detached) follow it to the end.
+
+Order matters for never losing a run: check the work dir, record the run in ``info.yaml``,
+then start it, with Ctrl-C held back until the run's processes are recorded. An interrupt
+during submission then stops everything that was started, and the run stays visible to
+``list`` and ``status`` as cancelled.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
-from typing import TextIO
+from typing import Iterator, TextIO
 
 from launcher.backends.base import Backend, DryRun
 from launcher.errors import BadInput
-from launcher.node.store import WorkDir
 from launcher.runs import state
+from launcher.runs.preflight import check_work_dir
+
+INTERRUPT_GRACE_SECONDS = 10.0
 
 
-def _refuse_reuse(info: state.RunInfo, state_dir) -> None:
-    """A run id names one submission: reusing one would mix two runs' records in the work dir."""
-    if state_dir.exists() or WorkDir(info.run_url).list(""):
-        raise BadInput(f"run id {info.run_id} was used before (in {state_dir} or {info.run_url}); choose another")
+@contextlib.contextmanager
+def held_interrupts() -> Iterator[list[int]]:
+    """Hold SIGINT/SIGTERM back for the duration; yields the list of signals that arrived."""
+    arrived: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: arrived.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield arrived
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, out: TextIO) -> int:
@@ -26,11 +43,34 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
                          spec_digest=plan.spec.digest, created_at=time.time(),
                          processes_per_node=plan.spec.cluster.processes_per_node)
     state_dir = state.runs_dir() / plan.run_id
-    _refuse_reuse(info, state_dir)
-    info.backend_ids = backend.schedule(request, str(state_dir))
-    path = state.save(info)
-    out.write(f"run {plan.run_id}: {len(plan.nodes)} nodes on {backend.name}, work dir {info.run_url}\n"
-              f"info: {path}\n")
+    if state_dir.exists():
+        raise BadInput(f"run id {plan.run_id} was used before (in {state_dir}); choose another")
+    backend.check(request)
+    with held_interrupts() as interrupted:
+        run = check_work_dir(plan.work_dir, plan.run_id, {"run_id": plan.run_id, "backend": backend.name,
+                                                          "nodes": len(plan.nodes), "created_at": info.created_at})
+        if interrupted:
+            out.write(f"\ninterrupted before run {plan.run_id} started; nothing was started\n")
+            return 130
+        info.submission = "submitting"
+        path = state.save(info)
+        try:
+            info.backend_ids = backend.schedule(request, str(state_dir))
+            info.submission = "submitted"
+        finally:
+            if info.submission != "submitted":
+                info.submission = "failed"
+            state.save(info)
+    if interrupted:
+        from launcher.node.control import request_cancel
+
+        out.write(f"\ninterrupted while starting run {plan.run_id}: stopping what was started\n")
+        request_cancel(run, "interrupted during submission")
+        backend.stop(info, INTERRUPT_GRACE_SECONDS)
+        out.write(f"run {plan.run_id} cancelled; its record: {path}\n")
+        return 130
+    out.write(f"run {plan.run_id}: {len(plan.nodes)} node{'s' if len(plan.nodes) != 1 else ''} on {backend.name}, "
+              f"work dir {info.run_url}\ninfo: {path}\n")
     if detach:
         out.write(f"follow it with: launcher watch {plan.run_id}\n")
         out.flush()

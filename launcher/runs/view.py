@@ -1,16 +1,27 @@
-"""What the work dir says about a run: node statuses, the decision, failures, and the run's result."""
+"""What a run's state is: the work dir's records reconciled with what the backend says is alive.
+
+The work dir says what each node reported (status, decision, failure and cancel markers); the
+backend says which node processes still run and how the others ended. A node whose process
+is gone without a final status is *lost*: it died without reporting (SIGKILL of node and
+supervisor, a store it could not write, ...), and the run cannot succeed.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from launcher.backends.base import Backend, NodeFate
 from launcher.node.control import CONTROL_PREFIX
 from launcher.node.rendezvous import DECISION_KEY
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
 from launcher.runs.state import RunInfo
+
+CONSOLE_TAIL_BYTES = 4096
 
 
 @dataclass
@@ -19,11 +30,26 @@ class RunView:
     statuses: dict[str, dict[str, Any]]
     decision: dict[str, Any] | None
     failures: list[dict[str, Any]]
-    cancelled: bool
+    cancel: dict[str, Any] | None
+    fates: dict[str, NodeFate]
+
+    @property
+    def lost(self) -> dict[str, dict[str, Any]]:
+        """Nodes whose process is gone without a final status, described like failure markers."""
+        lost = {}
+        for name in self.info.nodes:
+            fate = self.fates.get(name)
+            if fate is None or fate.running or self.statuses.get(name, {}).get("state") in FINAL_STATES:
+                continue
+            lost[name] = {"node": name, "rank": self.rank_of(name), "exit_code": fate.exit_code,
+                          "reason": fate.reason or "node process is gone", "at": fate.ended_at or time.time(),
+                          "console_log": fate.console_log, "last_output": console_tail(fate.console_log)}
+        return lost
 
     @property
     def ended(self) -> bool:
-        return all(self.statuses.get(n, {}).get("state") in FINAL_STATES for n in self.info.nodes)
+        lost = self.lost
+        return all(self.statuses.get(n, {}).get("state") in FINAL_STATES or n in lost for n in self.info.nodes)
 
     @property
     def result(self) -> str:
@@ -33,9 +59,12 @@ class RunView:
             return "running" if any(s in ("waiting", "running") or s in FINAL_STATES for s in states) else "pending"
         if all(s == "succeeded" for s in states):
             return "succeeded"
-        if "failed" in states and not self.cancelled:
-            return "failed"
-        return "cancelled"
+        root = self.root_failure()
+        if root is not None and (self.cancel is None or root.get("at", 0) <= self.cancel.get("at", 0)):
+            return "failed"  # a cancel that came after the first failure does not change its cause
+        if self.cancel is not None:
+            return "cancelled"
+        return "failed" if "failed" in states or self.lost else "cancelled"
 
     def rank_of(self, node: str) -> int | None:
         if self.decision and node in self.decision.get("ranks", {}):
@@ -43,39 +72,71 @@ class RunView:
         return self.statuses.get(node, {}).get("rank")
 
     def root_failure(self) -> dict[str, Any] | None:
-        """The first node that failed on its own (not stopped because of another)."""
-        return min(self.failures, key=lambda f: f.get("at", 0)) if self.failures else None
+        """The first node that failed on its own (not stopped because of another), or was lost."""
+        causes = self.failures + list(self.lost.values())
+        return min(causes, key=lambda f: f.get("at", 0)) if causes else None
+
+
+def console_tail(path: str | None, lines: int = 3) -> list[str]:
+    """The last non-empty lines a node printed, for a node that could not report them itself."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, Path(path).stat().st_size - CONSOLE_TAIL_BYTES))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
 def open_run(info: RunInfo) -> WorkDir:
     return WorkDir(info.run_url)
 
 
-def read_view(info: RunInfo, run: WorkDir | None = None) -> RunView:
+def read_view(info: RunInfo, run: WorkDir | None = None, backend: Backend | None = None) -> RunView:
+    from launcher.backends import backend_for
+
+    # The backend is asked first: a node that wrote its final status and then exited is seen final.
+    fates = (backend or backend_for(info.backend, "local")).node_fates(info)
     run = run or open_run(info)
     statuses = {}
     for name in info.nodes:
-        data = run.get(status_key(name))
-        if data:
-            statuses[name] = json.loads(data)
-    decision_bytes = run.get(DECISION_KEY)
+        statuses[name] = _json_record(run, status_key(name))
+    decision = _json_record(run, DECISION_KEY)
     control = run.list(CONTROL_PREFIX)
-    failures = [json.loads(run.get(f"{CONTROL_PREFIX}/{name}") or b"{}") for name in control
-                if name.startswith("failed.")]
-    return RunView(info, statuses, json.loads(decision_bytes) if decision_bytes else None, failures,
-                   "cancel" in control)
+    failures = [_json_record(run, f"{CONTROL_PREFIX}/{name}") for name in control if name.startswith("failed.")]
+    cancel = _json_record(run, f"{CONTROL_PREFIX}/cancel") if "cancel" in control else None
+    return RunView(info, {n: s for n, s in statuses.items() if s}, decision or None,
+                   [f for f in failures if f], cancel, fates)
+
+
+def _json_record(run: WorkDir, key: str) -> dict[str, Any]:
+    """A record from the work dir; {} when absent or damaged (a broken node must not break the reader)."""
+    data = run.get(key)
+    try:
+        value = json.loads(data) if data else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def closing_line(view: RunView) -> str:
     result = view.result
+    run_id = view.info.run_id
     if result == "failed":
         root = view.root_failure()
-        if root:
-            return (f"run {view.info.run_id} failed: node {root.get('node')} (rank {root.get('rank')}) "
-                    f"exited with status {root.get('exit_code')}: {root.get('reason')}")
-        failed = [n for n in view.info.nodes if view.statuses.get(n, {}).get("state") == "failed"]
-        return f"run {view.info.run_id} failed: " + ", ".join(
-            f"node {n} (rank {view.rank_of(n)}) exit status {view.statuses[n].get('exit_code')}" for n in failed)
+        if root is None:
+            return f"run {run_id} failed"
+        status = "" if root.get("exit_code") is None else f" with status {root.get('exit_code')}"
+        line = f"run {run_id} failed: node {root.get('node')} (rank {root.get('rank')}) exited{status}: " \
+               f"{root.get('reason')}"
+        if root.get("console_log"):
+            tail = "".join(f"\n  | {text}" for text in root.get("last_output") or [])
+            line += f"\n  it did not report its end; its console log is {root['console_log']}{tail}"
+        return line
     if result == "succeeded":
-        return f"run {view.info.run_id} succeeded; outputs are in {view.info.run_url}/outputs/"
-    return f"run {view.info.run_id} {result}"
+        return f"run {run_id} succeeded; outputs are in {view.info.run_url}/outputs/"
+    if result == "cancelled" and view.cancel:
+        return f"run {run_id} cancelled: {view.cancel.get('reason', 'by user')}"
+    return f"run {run_id} {result}"

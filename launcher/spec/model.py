@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher import node_names
 from launcher.spec.schema import Problem
 
 DEFAULT_NAME = "distributed"
@@ -92,6 +93,15 @@ class Cluster:
     def node_count(self) -> int:
         return self.main.replicas + self.worker.replicas
 
+    @property
+    def group_sizes(self) -> list[tuple[str, int]]:
+        """``[(main name, replicas), (worker name, replicas)]``: what :func:`node_names.expand` takes."""
+        return [(group.name, group.replicas) for group in self.groups]
+
+    @property
+    def node_names(self) -> list[str]:
+        return node_names.expand(self.group_sizes)
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -157,9 +167,11 @@ def build(data: dict, source: Path | None = None) -> tuple[Spec, list[Problem]]:
     worker_data = cluster_data.get("worker") or {}
     main = _group(main_data, f"{name}-main", 1)
     worker = _group(worker_data, f"{name}-worker", 0)
-    if main.name == worker.name:
+    clash = node_names.duplicates(node_names.expand([(main.name, main.replicas), (worker.name, worker.replicas)]))
+    if clash:
         problems.append(Problem(("spec", "cluster", "spec", "worker", "name"),
-                                f"main and worker groups must have different names (both are '{main.name}')"))
+                                f"main group '{main.name}' and worker group '{worker.name}' give more than one node "
+                                f"the name {', '.join(repr(n) for n in clash[:3])}; choose other group names"))
 
     elastic = None
     if "elastic" in cluster_data:

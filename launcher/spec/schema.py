@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator
@@ -41,8 +42,17 @@ def load_schema() -> dict:
 def _validator() -> Any:
     import jsonschema  # imported here: only validation needs it
 
+    # JSON Schema counts 1.0 as an integer and lets NaN pass every bound; a node cannot use either,
+    # so "integer" means a YAML integer here and "number" a finite one.
+    base = jsonschema.Draft202012Validator
+    checker = base.TYPE_CHECKER.redefine_many({
+        "integer": lambda _checker, value: isinstance(value, int) and not isinstance(value, bool),
+        "number": lambda _checker, value: (isinstance(value, int) and not isinstance(value, bool)
+                                           or isinstance(value, float) and math.isfinite(value)),
+    })
+    strict = jsonschema.validators.extend(base, type_checker=checker)
     # The schema itself is checked against the metaschema by the test suite, not on every start (60 ms).
-    return jsonschema.Draft202012Validator(load_schema())
+    return strict(load_schema())
 
 
 def check(data: Any) -> list[Problem]:
@@ -125,6 +135,8 @@ def expected(schema: dict) -> str:
     bounds = []
     if "minimum" in schema and "maximum" in schema and schema["minimum"] == schema["maximum"]:
         return f"{words} equal to {schema['minimum']}"
+    if "minimum" in schema and "maximum" in schema:
+        return f"{words} from {schema['minimum']} to {schema['maximum']}"
     if "minimum" in schema:
         bounds.append(f">= {schema['minimum']}")
     if "exclusiveMinimum" in schema:

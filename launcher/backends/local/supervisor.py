@@ -1,4 +1,4 @@
-"""The parent of a local run's node processes; see :mod:`launcher.backends.local_run`."""
+"""The parent of a local run's node processes; see :mod:`launcher.backends.local.processes`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 
-from launcher.backends.local_run import kill_groups
+from launcher.backends.local.processes import (ProcessRef, console_log_path, exit_record_path,
+                                               kill_groups, write_processes)
+from launcher.fileio import atomic_write
 from launcher.node.control import CANCEL, CONTROL_PREFIX, record_failure
 from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync
@@ -43,20 +45,26 @@ def record_on_behalf(run: WorkDir, name: str, returncode: int) -> None:
         record_failure(run, name, status.get("rank"), exit_code, reason)
 
 
-def main(state_dir: str, run_id: str, run_url: str) -> int:
-    requests = json.loads(sys.stdin.read())
+def main(state_dir: str, run_url: str) -> int:
+    requests = json.loads(sys.stdin.read())  # all or nothing: a client killed mid-write starts no node
     logs_dir = os.path.join(state_dir, "nodes")
     os.makedirs(logs_dir, exist_ok=True)
     children: dict[int, str] = {}
+    refs: dict[str, ProcessRef] = {}
     for request in requests:
-        with open(os.path.join(logs_dir, f"{request['name']}.log"), "ab") as console:
+        with open(console_log_path(state_dir, request["name"]), "ab") as console:
             proc = subprocess.Popen(request["argv"], cwd=request["cwd"], env={**os.environ, **request["env"]},
                                     stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         children[proc.pid] = request["name"]
-    sys.stdout.write(json.dumps({name: pid for pid, name in children.items()}) + "\n")
-    sys.stdout.flush()
-    sys.stdout.close()
+        refs[request["name"]] = ProcessRef.of(proc.pid)
+    # Recorded before the client hears of it: every verb finds the processes even if the client is gone.
+    recorded = write_processes(state_dir, ProcessRef.of(os.getpid()), refs)
+    try:
+        sys.stdout.write(json.dumps(recorded) + "\n")
+        sys.stdout.close()
+    except BrokenPipeError:  # the client was interrupted; the run is recorded and goes on
+        pass
     run = WorkDir(run_url)
     while children:
         pid, wait_status = os.wait()
@@ -64,6 +72,10 @@ def main(state_dir: str, run_id: str, run_url: str) -> int:
         if name is None:
             continue
         returncode = os.waitstatus_to_exitcode(wait_status)
+        exit_code, reason = describe(returncode)
+        atomic_write(exit_record_path(state_dir, name),
+                     json.dumps({"returncode": returncode, "exit_code": exit_code, "reason": reason,
+                                 "at": time.time()}))
         print(f"{time.strftime('%H:%M:%S')} node {name} (pid {pid}) ended: {returncode}", file=sys.stderr, flush=True)
         try:
             record_on_behalf(run, name, returncode)
@@ -74,4 +86,5 @@ def main(state_dir: str, run_id: str, run_url: str) -> int:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    sys.exit(main(*sys.argv[1:4]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(main(*sys.argv[1:3]))

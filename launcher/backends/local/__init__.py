@@ -1,0 +1,119 @@
+"""Local processes: every node is a process group on this machine running the real bootstrap."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from launcher.backends.base import Backend, DryRun, NodeFate, Request
+from launcher.errors import BadInput
+from launcher.plan import Plan
+from launcher.runs.state import RunInfo, home
+from launcher.spec.model import LocalInfra, Spec
+from launcher.workdirs import resolve_local, scheme
+
+# A training process that has imported torch takes about 300 MiB; node and torchrun processes a
+# little less. The check refuses clusters this machine clearly cannot hold, not tight ones.
+MIB_PER_PROCESS = 300
+PROCESSES_PER_CPU = 4
+
+
+def capacity_problem(nodes: int, processes_per_node: int, *, cpus: int, available_mib: int | None) -> str | None:
+    """Why this machine cannot start the cluster as local processes, or None when it can."""
+    training = nodes * processes_per_node
+    if training > max(8, PROCESSES_PER_CPU * cpus):
+        return (f"{nodes} nodes x {processes_per_node} processes = {training} training processes, more than this "
+                f"machine's {cpus} CPUs can run as local processes (at most {max(8, PROCESSES_PER_CPU * cpus)})")
+    needed = (training + 2 * nodes) * MIB_PER_PROCESS
+    if available_mib is not None and needed > available_mib:
+        return (f"{nodes} nodes x {processes_per_node} processes need about {needed} MiB "
+                f"({MIB_PER_PROCESS} MiB per process), and this machine has {available_mib} MiB available")
+    return None
+
+
+def _available_mib() -> int | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return None
+
+
+class LocalBackend(Backend):
+    name = "local"
+    node_command = (sys.executable, "-m", "launcher.node")
+
+    def work_dir(self, spec: Spec) -> tuple[str, list[str]]:
+        override = spec.infra.work_dir if isinstance(spec.infra, LocalInfra) else None
+        wanted = override or spec.cluster.work_dir
+        if not wanted:
+            return str(home() / "workdir"), []
+        return (resolve_local(wanted, spec.base_dir) if scheme(wanted) == "file" else wanted), []
+
+    def node_env_extra(self, spec: Spec) -> dict[str, str]:
+        return {"LAUNCHER_NODE_ADDRESS": "127.0.0.1"}
+
+    def requests(self, plan: Plan) -> list[Request]:
+        cwd = str(plan.spec.base_dir)
+        return [Request("spawn", node.name, {"argv": list(node.command), "cwd": cwd, "env": dict(node.env)})
+                for node in plan.nodes]
+
+    def dryrun(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> DryRun:
+        request = super().dryrun(spec, run_id=run_id, resume_from=resume_from)
+        problem = self._capacity(spec)
+        if problem:
+            return DryRun(request.backend, request.plan, request.requests,
+                          request.notes + (f"run would refuse: {problem}",))
+        return request
+
+    def _capacity(self, spec: Spec) -> str | None:
+        return capacity_problem(spec.cluster.node_count, spec.cluster.processes_per_node,
+                                cpus=os.cpu_count() or 1, available_mib=_available_mib())
+
+    def check(self, dryrun: DryRun) -> None:
+        problem = self._capacity(dryrun.plan.spec)
+        if problem:
+            raise BadInput(f"{problem}; use fewer nodes or processes, or another backend")
+
+    def schedule(self, dryrun: DryRun, state_dir: str) -> dict[str, Any]:
+        from launcher.backends.local.processes import start
+
+        return start(dryrun, state_dir)
+
+    def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
+        from launcher.backends.local.processes import console_log_path, exit_record_path, read_processes
+
+        _, refs = read_processes(info.state_dir)
+        fates = {}
+        for name in info.nodes:
+            console = str(console_log_path(info.state_dir, name))
+            try:
+                ended = json.loads(exit_record_path(info.state_dir, name).read_text())
+                fates[name] = NodeFate(False, ended["exit_code"], ended["reason"], console, ended["at"])
+                continue
+            except (OSError, ValueError, KeyError):
+                pass
+            ref = refs.get(name)
+            if ref is None:
+                continue  # not started yet, as far as this machine knows
+            if ref.running():
+                fates[name] = NodeFate(True, console_log=console)
+            else:
+                fates[name] = NodeFate(False, None, "node process is gone and no exit was recorded for it "
+                                       "(its supervisor was killed too)", console)
+        return fates
+
+    def stop(self, info: RunInfo, grace: float) -> list[str]:
+        from launcher.backends.local.processes import kill_groups, read_processes, wait_for_exit
+
+        supervisor, refs = read_processes(info.state_dir)
+        left = wait_for_exit(refs.values(), grace)
+        kill_groups(ref.pid for ref in left)  # each node leads its own group; the supervisor kills their training
+        if supervisor is not None:
+            wait_for_exit([supervisor], 30)
+        return [name for name, ref in refs.items() if ref in left]

@@ -1,0 +1,53 @@
+"""Checks the client makes before it starts anything, shared by every backend.
+
+The work-dir check writes the run's own record ``run.json`` with create-if-absent: that
+proves the store can be written with this machine's credentials, and refuses a run id that
+was used before in the same work dir. Permanent store errors (missing bucket, read-only
+directory, no credentials) fail at once; transient ones get a few quick retries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from launcher.errors import BackendError, BadInput
+from launcher.node.outputs import OUTPUTS_PREFIX
+from launcher.node.store import StoreError, WorkDir
+from launcher.workdirs import REMOTE_SCHEMES, scheme, unusable_reason
+
+RUN_RECORD = "run.json"
+INSTALL_HINT = {"s3": "pip install 'launcher[s3]'", "oci": "pip install 'launcher[oci]'"}
+
+
+def check_work_dir(work_dir: str, run_id: str, record: dict) -> WorkDir:
+    """Create ``{work_dir}/{run_id}/run.json``; raise with the store's own message when that fails."""
+    kind = scheme(work_dir)
+    reason = unusable_reason(work_dir)
+    if reason:
+        hint = f"; install it with: {INSTALL_HINT[kind]}" if kind in REMOTE_SCHEMES and "package" in reason else ""
+        raise BackendError(f"work dir {work_dir} cannot be used from this machine: {reason}{hint}")
+    run = WorkDir(f"{work_dir.rstrip('/')}/{run_id}", attempts=3, base_delay=0.2, max_delay=1.0)
+    started = time.monotonic()
+    try:
+        if not run.create(RUN_RECORD, json.dumps(record).encode()):
+            raise BadInput(f"run id {run_id} was used before in {work_dir}; choose another")
+        if RUN_RECORD not in run.list(""):
+            raise BackendError(f"work dir {run.url}: wrote {RUN_RECORD} but a listing does not show it; the "
+                               "nodes need a store whose listings show what was written")
+    except StoreError as exc:
+        waited = time.monotonic() - started
+        kind_of = "" if exc.permanent else f" (still failing after {waited:.0f}s of retries)"
+        raise BackendError(f"cannot use the work dir; nothing was started{kind_of}.\n  {exc}") from None
+    return run
+
+
+def resume_source(previous_url: str) -> str:
+    """Check that an earlier run left outputs to resume from; return its URL for the nodes."""
+    try:
+        found = WorkDir(previous_url, attempts=3).list(OUTPUTS_PREFIX)
+    except StoreError as exc:
+        raise BackendError(f"cannot read the outputs of the run to resume from: {exc}") from None
+    if not found:
+        raise BadInput(f"nothing to resume from: {previous_url}/{OUTPUTS_PREFIX}/ holds no outputs")
+    return previous_url
