@@ -65,11 +65,13 @@ class WorkDir:
     """One run's directory, ``{work_dir}/{run_id}``; keys are relative paths like ``nodes/a.json``."""
 
     def __init__(self, url: str, *, attempts: int = 8, base_delay: float = 0.1, max_delay: float = 5.0,
-                 fresh_instance: bool = False):
+                 fresh_instance: bool = False, storage_options: dict[str, Any] | None = None):
         import fsspec
 
         self.url = url.rstrip("/")
-        kwargs: dict[str, Any] = {"skip_instance_cache": True} if fresh_instance else {}
+        kwargs: dict[str, Any] = dict(storage_options or {})
+        if fresh_instance:
+            kwargs["skip_instance_cache"] = True
         if "://" in self.url and not self.url.startswith("file://"):
             # The protocol needs every LIST fresh from the store: a cached listing of logs/<node>/
             # hides chunks written since, and a follower that then sees the final status stops early.

@@ -17,6 +17,18 @@ from launcher.node.store import StoreError, WorkDir
 from launcher.workdirs import REMOTE_SCHEMES, scheme, unusable_reason
 
 RUN_RECORD = "run.json"
+# The client asks once and reports: the store libraries' own retries (s3fs: 5, with backoff) would
+# keep a user waiting half a minute in silence for an endpoint that is not there.
+QUICK_OPTIONS = {"s3": {"config_kwargs": {"connect_timeout": 5, "read_timeout": 20, "retries": {"max_attempts": 2}}}}
+
+
+def quick_work_dir(url: str) -> WorkDir:
+    """A client-side view of ``url`` that fails in seconds rather than retrying for a minute."""
+    store = WorkDir(url, attempts=3, base_delay=0.2, max_delay=1.0, fresh_instance=True,
+                    storage_options=QUICK_OPTIONS.get(scheme(url)))
+    if hasattr(store.fs, "retries"):  # s3fs's own retry count is a class attribute, not an option
+        store.fs.retries = 1
+    return store
 INSTALL_HINT = {"s3": "pip install 'launcher[s3]'", "oci": "pip install 'launcher[oci]'"}
 
 
@@ -27,7 +39,7 @@ def check_work_dir(work_dir: str, run_id: str, record: dict) -> WorkDir:
     if reason:
         hint = f"; install it with: {INSTALL_HINT[kind]}" if kind in REMOTE_SCHEMES and "package" in reason else ""
         raise BackendError(f"work dir {work_dir} cannot be used from this machine: {reason}{hint}")
-    run = WorkDir(f"{work_dir.rstrip('/')}/{run_id}", attempts=3, base_delay=0.2, max_delay=1.0)
+    run = quick_work_dir(f"{work_dir.rstrip('/')}/{run_id}")
     started = time.monotonic()
     try:
         if not run.create(RUN_RECORD, json.dumps(record).encode()):
@@ -45,7 +57,7 @@ def check_work_dir(work_dir: str, run_id: str, record: dict) -> WorkDir:
 def resume_source(previous_url: str) -> str:
     """Check that an earlier run left outputs to resume from; return its URL for the nodes."""
     try:
-        found = WorkDir(previous_url, attempts=3).list(OUTPUTS_PREFIX)
+        found = quick_work_dir(previous_url).list(OUTPUTS_PREFIX)
     except StoreError as exc:
         raise BackendError(f"cannot read the outputs of the run to resume from: {exc}") from None
     if not found:

@@ -1,0 +1,85 @@
+"""Helpers for tests that drive the real CLI through whole runs: projects, run records, a live watcher, /proc."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from conftest import run_cli
+
+
+def init_project(directory: Path, *, workers: int, epochs: int) -> Path:
+    done = run_cli("init", "--framework", "pytorch", "--dir", str(directory))
+    assert done.returncode == 0, done.stderr
+    spec = directory / "train.yaml"
+    text = spec.read_text().replace("replicas: 1\n      # Training", f"replicas: {workers}\n      # Training")
+    text = text.replace("        - 8\n", f"        - {epochs}\n")
+    spec.write_text(text)
+    return spec
+
+
+def info_of(home: Path, run_id: str) -> dict:
+    return yaml.safe_load((home / "runs" / run_id / "info.yaml").read_text())
+
+
+def run_id_from(output: str) -> str:
+    return re.search(r"^run (\S+): \d+ nodes? on local", output, re.M).group(1)
+
+
+class Watcher:
+    """`launcher watch` as a subprocess; lines are collected and can be awaited."""
+
+    def __init__(self, run_id: str, env: dict):
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", "watch", run_id], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> str:
+        regex = re.compile(pattern)
+        with self.cond:
+            found = self.cond.wait_for(lambda: next((l for l in self.lines if regex.search(l)), None), timeout)
+        assert found, f"no line matching {pattern!r} in:\n" + "\n".join(self.lines[-30:])
+        return found
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        code = self.proc.wait(timeout)
+        time.sleep(0)  # let the pump thread drain (it ends with the pipe)
+        return code, "\n".join(self.lines)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie awaiting its parent's wait() is gone for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split(") ", 1)[1].split()
+        except (FileNotFoundError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
