@@ -33,12 +33,17 @@ def init(framework: str, directory: str, *, force: bool, name: str = "pytorch-dd
     if framework.lower() not in FRAMEWORKS:
         raise BadInput(f"framework '{framework}' is not supported yet; supported: {', '.join(FRAMEWORKS)}")
     target = Path(directory)
+    if target.exists() and not target.is_dir():
+        raise BadInput(f"--dir {target} is not a directory")
     files = files_for(framework.lower(), name)
     existing = [rel for rel in files if (target / rel).exists()]
     if existing and not force:
         raise BadInput(f"not overwriting existing files in {target} (use --force): {', '.join(existing)}")
     for rel, content in files.items():
-        write_new_file(target / rel, content, force=True, mode=0o644)
+        try:
+            write_new_file(target / rel, content, force=True, mode=0o644)
+        except OSError as exc:
+            raise BadInput(f"cannot write {target / rel}: {exc.strerror or exc}") from None
         print(f"wrote {target / rel}")
     print(f"\nnext: cd {target} && launcher run -f train.yaml", file=sys.stderr)
     return 0

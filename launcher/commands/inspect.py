@@ -8,7 +8,7 @@ import time
 
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
 from launcher.runs.state import all_runs, resolve_run
-from launcher.runs.view import closing_line, read_view
+from launcher.runs.view import closing_line, open_run, read_view, record_lost
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -27,6 +27,8 @@ def _age(timestamp: float | None) -> str:
 def status(ref: str | None, *, as_json: bool) -> int:
     info = resolve_run(ref)
     view = read_view(info)
+    if view.lost:
+        record_lost(view, open_run(info))
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "result": view.result,
                    "work_dir": info.run_url, "nodes": {n: view.statuses.get(n) for n in info.nodes},

@@ -16,7 +16,7 @@ from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, BadInput
 from launcher.node.logship import LOGS_PREFIX, parse_chunk_name
 from launcher.runs.state import RunInfo, resolve_run
-from launcher.runs.view import RunView, closing_line, open_run, read_view
+from launcher.runs.view import RunView, closing_line, open_run, read_view, record_lost
 
 POLL_SECONDS = 0.25
 COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92)
@@ -137,6 +137,7 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
     states: dict[str, str] = {}
     while True:
         view = read_view(info, follower.run, backend)
+        record_lost(view, follower.run)
         if show_states:
             follower.state_changes(view, states)
         follower.poll(view)  # after reading the view: a node's last chunk precedes its final status

@@ -24,8 +24,9 @@ def request_cancel(run: WorkDir, reason: str = "cancelled by user") -> None:
     run.put(f"{CONTROL_PREFIX}/{CANCEL}", json.dumps({"reason": reason, "at": time.time()}).encode())
 
 
-def record_failure(run: WorkDir, node: str, rank: int | None, exit_code: int | None, reason: str) -> None:
-    body = {"node": node, "rank": rank, "exit_code": exit_code, "reason": reason, "at": time.time()}
+def record_failure(run: WorkDir, node: str, rank: int | None, exit_code: int | None, reason: str,
+                   details: dict | None = None) -> None:
+    body = {"node": node, "rank": rank, "exit_code": exit_code, "reason": reason, "at": time.time(), **(details or {})}
     run.put(failure_key(node), json.dumps(body).encode())
 
 

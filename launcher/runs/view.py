@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.backends.base import Backend, NodeFate
-from launcher.node.control import CONTROL_PREFIX
+from launcher.node.control import CONTROL_PREFIX, record_failure
 from launcher.node.rendezvous import DECISION_KEY
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
@@ -109,6 +109,25 @@ def read_view(info: RunInfo, run: WorkDir | None = None, backend: Backend | None
     cancel = _json_record(run, f"{CONTROL_PREFIX}/cancel") if "cancel" in control else None
     return RunView(info, {n: s for n, s in statuses.items() if s}, decision or None,
                    [f for f in failures if f], cancel, fates)
+
+
+def record_lost(view: RunView, run: WorkDir) -> None:
+    """Write into the work dir what lost nodes could not: a failed status and a failure marker.
+
+    Peers then stop within seconds (they watch the markers), and the record outlives the
+    processes that proved it. Skipped for cancelled runs: there, a gone node is expected.
+    """
+    if view.cancel is not None:
+        return
+    marked = {failure.get("node") for failure in view.failures}
+    for name, lost in view.lost.items():
+        details = {"console_log": lost["console_log"], "last_output": lost["last_output"]}
+        if name not in marked:
+            record_failure(run, name, lost["rank"], lost["exit_code"], lost["reason"], details)
+        status = {**view.statuses.get(name, {}), "node": name, "state": "failed", "exit_code": lost["exit_code"],
+                  "reason": lost["reason"], "ended_at": lost["at"], "updated_at": time.time(),
+                  "reported_by": "launcher (the backend says the node process is gone)", **details}
+        run.put(status_key(name), json.dumps(status).encode())
 
 
 def _json_record(run: WorkDir, key: str) -> dict[str, Any]:

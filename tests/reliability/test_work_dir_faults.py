@@ -1,0 +1,181 @@
+"""Work dirs that cannot be used, and object stores whose listings a follower must not trust from cache.
+
+Regressions of issue 7, items 1, 2, 12 and 14: each of these hung, lost lines or showed a
+traceback before.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from clirun import run_id_from
+from cluster import write_spec
+from conftest import run_cli
+from launcher.backends.local import LocalBackend
+from launcher.commands.watch import LogFollower
+from launcher.node.logship import LogShipper
+from launcher.node.store import WorkDir
+from launcher.runs.state import RunInfo
+from launcher.spec import load_spec
+
+COUNTING = """
+import sys, time
+for i in range(20):
+    print(f"line {i:02d} of 20", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def _info(work_dir: str, run_id: str, nodes: list[str]) -> RunInfo:
+    return RunInfo(run_id=run_id, backend="local", work_dir=work_dir, nodes=nodes, spec_file="", spec_digest="",
+                   created_at=time.time())
+
+
+def test_follower_sees_chunks_written_after_it_first_listed_them(s3_bucket):
+    """s3fs caches listings of logs/<node>/: a follower that trusted them missed every later chunk."""
+    info = _info(f"s3://{s3_bucket}/runs", "r1", ["a"])
+    shipper = LogShipper(WorkDir(info.run_url, fresh_instance=True), "a")
+    out = io.StringIO()
+    follower = LogFollower(info, out)
+    shipper.add("out", "first")
+    shipper.flush()
+    assert follower.poll(None) == 1
+    for second in ("second", "third"):
+        shipper.add("out", second)
+        shipper.flush()
+    assert follower.poll(None) == 2
+    assert [line.split("] ", 1)[1] for line in out.getvalue().splitlines()] == ["first", "second", "third"]
+
+
+def test_run_and_a_live_watch_on_s3_print_every_line(tmp_path, launcher_home, s3_bucket):
+    spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir=f"s3://{s3_bucket}/runs")
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    run_id = run_id_from(started.stdout)
+    live = run_cli("watch", run_id, timeout=180)  # started at once: it follows the run as it happens
+    assert live.returncode == 0, live.stdout + live.stderr
+    for node in ("t-main", "t-worker-0"):
+        printed = [line for line in live.stdout.splitlines() if line.startswith(f"[{node}") and "of 20" in line]
+        assert len(printed) == 20, live.stdout
+    followed = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert followed.stdout.count("of 20") == 40, followed.stdout
+    assert "line 19 of 20" in followed.stdout.splitlines()[-4] + "".join(followed.stdout.splitlines()[-12:])
+
+
+def _refused(result: subprocess.CompletedProcess, launcher_home: Path, *needles: str) -> None:
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "nothing was started" in result.stderr and "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+    assert not (launcher_home / "runs").exists() or not any((launcher_home / "runs").iterdir())
+
+
+def test_unwritable_local_work_dir_is_refused_before_anything_starts(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir="/proc/launcher-wd")
+    _refused(run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=30), launcher_home, "/proc/launcher-wd")
+
+
+def test_missing_bucket_is_refused_at_once(tmp_path, launcher_home, moto, monkeypatch):
+    for key, value in moto.env().items():
+        monkeypatch.setenv(key, value)
+    spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir="s3://no-such-bucket-here/runs")
+    started = time.monotonic()
+    result = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=60)
+    _refused(result, launcher_home, "no-such-bucket-here")
+    assert "after" not in result.stderr.split("\n")[0], "a missing bucket is permanent: no retries"
+    assert time.monotonic() - started < 20
+
+
+def test_missing_credentials_are_refused_without_retries(tmp_path, launcher_home, moto, monkeypatch):
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", moto.endpoint)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir="s3://some-bucket/runs")
+    _refused(run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=60), launcher_home, "NoCredentialsError")
+
+
+def test_unreachable_endpoint_fails_in_seconds_with_the_cause(tmp_path, launcher_home, monkeypatch):
+    from s3server import S3_ENV, free_port
+
+    for key, value in S3_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir="s3://some-bucket/runs")
+    result = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
+    _refused(result, launcher_home, "Could not connect")
+
+
+def test_node_that_cannot_reach_its_work_dir_fails_in_seconds_with_the_stores_message(tmp_path):
+    spec = write_spec(tmp_path, COUNTING, nodes=1)
+    node = LocalBackend().plan(load_spec(spec))[0].nodes[0]
+    env = {**os.environ, **node.env, "LAUNCHER_WORK_DIR": "/proc/launcher-wd"}
+    done = subprocess.run(list(node.command), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert "/proc/launcher-wd" in done.stderr and "No such file or directory" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_unsupported_work_dir_schemes_are_spec_errors(tmp_path):
+    spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir="gs://bucket/runs")
+    result = run_cli("validate", "-f", str(spec))
+    assert result.returncode == 2
+    assert "workDir: must be a directory, s3://bucket/prefix or oci://bucket@namespace/prefix" in result.stderr
+
+
+def test_oci_work_dir_without_ocifs_names_the_package_to_install(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir="oci://bucket@namespace/runs")
+    result = run_cli("run", "-f", str(spec), cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert "ocifs" in result.stderr and "pip install 'launcher[oci]'" in result.stderr
+    assert "unexpected" not in result.stderr
+
+
+def test_read_only_launcher_home_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_HOME", "/proc/launcher-home")
+    spec = write_spec(tmp_path, COUNTING, nodes=1)
+    result = run_cli("run", "-f", str(spec), cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    assert "cannot write the run record" in result.stderr and "LAUNCHER_HOME" in result.stderr
+    assert "unexpected" not in result.stderr
+
+
+def test_init_into_a_file_is_bad_input(tmp_path):
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    result = run_cli("init", "--framework", "pytorch", "--dir", str(target))
+    assert result.returncode == 2, result.stderr
+    assert "is not a directory" in result.stderr and "unexpected" not in result.stderr
+
+
+def test_records_written_by_a_broken_node_do_not_break_the_readers(tmp_path, launcher_home):
+    info = _info(str(tmp_path / "wd"), "broken-1", ["a", "b"])
+    run = WorkDir(info.run_url)
+    run.put("status/a.json", b"{not json")
+    run.put("status/b.json", json.dumps(["a", "list"]).encode())
+    run.put("rendezvous.json", b"\xff\xfe")
+    run.put("control/failed.a.json", b"")
+    run.put("logs/a/000000~1.000.jsonl", b'{"t": 1, "s": "out", "m": "kept"}\nnot json\n{"t": "x"}\n')
+    from launcher.runs import state
+
+    state.save(info)
+    status = run_cli("status", "broken-1", "--json")
+    assert status.returncode in (0, 1) and "Traceback" not in status.stderr, status.stderr
+    assert json.loads(status.stdout)["result"] == "pending"
+    watched = run_cli("watch", "broken-1", "--no-follow")
+    assert watched.returncode == 0 and "kept" in watched.stdout, watched.stderr
+    (launcher_home / "runs" / "broken-1" / "info.yaml").write_text(yaml.safe_dump({"run_id": ["x"]}))
+    listed = run_cli("list")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr
+    shown = run_cli("status", str(launcher_home / "runs" / "broken-1" / "info.yaml"))
+    assert shown.returncode == 2 and "not a launcher info.yaml" in shown.stderr
