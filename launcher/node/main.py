@@ -22,7 +22,7 @@ from launcher.node.control import ControlWatch, StopRequest, record_failure
 from launcher.node.exits import killed_by, signal_name
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, own_address
-from launcher.node.rendezvous import (DECISION_KEY, Decision, RendezvousCancelled, RendezvousError,
+from launcher.node.rendezvous import (DECISION_KEY, Decision, RendezvousError, RendezvousStopped,
                                       RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
 from launcher.node.status import StatusRecord
@@ -76,8 +76,9 @@ class Node:
             return self._main()
         except Stopped as stop:
             return self._finish("cancelled", str(stop), EXIT_CANCELLED)
-        except RendezvousCancelled as exc:
-            return self._finish("cancelled", str(exc), EXIT_CANCELLED)
+        except RendezvousStopped as exc:
+            cancelled = exc.request.state == "cancelled"
+            return self._finish(exc.request.state, str(exc), EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
         except RendezvousTimeout as exc:
             return self._finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
         except NothingToResume as exc:

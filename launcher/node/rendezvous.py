@@ -23,11 +23,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
+from launcher.node.control import ControlWatch, StopRequest
 from launcher.node.store import WorkDir
 
 DECISION_KEY = "rendezvous.json"
 NODES_PREFIX = "nodes"
-CANCEL_KEY = "control/cancel"
 
 
 class RendezvousError(Exception):
@@ -41,8 +41,12 @@ class RendezvousTimeout(RendezvousError):
                          f"missing: {', '.join(self.missing)}")
 
 
-class RendezvousCancelled(RendezvousError):
-    pass
+class RendezvousStopped(RendezvousError):
+    """The run was cancelled, or a peer failed, while this node waited for the others."""
+
+    def __init__(self, request: StopRequest):
+        self.request = request
+        super().__init__(f"{request.reason} (while waiting for nodes)")
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,7 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
                    progress: Callable[[list[str], list[str]], None] | None = None) -> Decision:
     """Register ``me`` and return the run's decision once there is one; raise on timeout or cancel."""
     policy = policy or PollPolicy.for_store(store)
+    control = ControlWatch(store, me.name)
     register(store, me)
     started = time.monotonic()
     deadline = started + timeout
@@ -150,8 +155,9 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
         timed_out = now >= deadline
         if now >= next_list or timed_out:
             next_list = now + policy.list_every
-            if store.get(CANCEL_KEY) is not None:
-                raise RendezvousCancelled("the run was cancelled while waiting for nodes")
+            stop = None if timed_out else control.check(force=True)  # at the deadline, the timeout is the cause
+            if stop is not None:
+                raise RendezvousStopped(stop)
             registered = _registered(store, expected_set)
             missing = [name for name in expected if name not in registered]
             if progress and seen != (sorted(registered), missing):

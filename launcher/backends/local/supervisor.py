@@ -16,6 +16,8 @@ from launcher.node.control import CANCEL, CONTROL_PREFIX, record_failure
 from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync
 from launcher.node.status import FINAL_STATES, status_key
+
+CONSOLE_PREFIX = "console"
 from launcher.node.store import StoreError, WorkDir
 
 
@@ -26,7 +28,7 @@ def describe(returncode: int) -> tuple[int, str]:
     return returncode, f"node process exited with status {returncode} without reporting"
 
 
-def record_on_behalf(run: WorkDir, name: str, returncode: int) -> None:
+def record_on_behalf(run: WorkDir, name: str, returncode: int, console_log: str) -> None:
     """A node that died without writing a final status: record its end, and fail the run unless cancelled."""
     status = json.loads(run.get(status_key(name)) or b"{}")
     pgid = status.get("training_pgid")
@@ -34,7 +36,10 @@ def record_on_behalf(run: WorkDir, name: str, returncode: int) -> None:
         kill_groups([pgid])  # what the dead node left running
     if status.get("state") in FINAL_STATES:
         return
-    if status.get("outputs_dir"):  # same machine: save what the node could not sync itself
+    # Same machine: save what the node could not. Its console holds every line it printed, also
+    # those of its last seconds that never reached a log chunk.
+    run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
+    if status.get("outputs_dir"):
         OutputsSync(run, name, status["outputs_dir"]).sync()
     cancelled = CANCEL in run.list(CONTROL_PREFIX)
     exit_code, reason = describe(returncode)
@@ -78,7 +83,7 @@ def main(state_dir: str, run_url: str) -> int:
                                  "at": time.time()}))
         print(f"{time.strftime('%H:%M:%S')} node {name} (pid {pid}) ended: {returncode}", file=sys.stderr, flush=True)
         try:
-            record_on_behalf(run, name, returncode)
+            record_on_behalf(run, name, returncode, str(console_log_path(state_dir, name)))
         except StoreError as exc:
             print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
     return 0
