@@ -25,7 +25,7 @@ from launcher.runs import state
 from launcher.spec import load_spec
 
 VALID = [yaml.safe_load(SEED_004.read_text()), yaml.safe_load((SPECS / "ads_docs_pytorch.yaml").read_text())]
-CASES = 1500  # per mutation family; each case is a real load from a file
+CASES = 3000  # per mutation family; each case is a real load from a file
 PER_CASE_SECONDS = 2.0
 
 junk_values = st.one_of(
