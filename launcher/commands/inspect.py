@@ -48,7 +48,7 @@ def status(ref: str | None, *, as_json: bool) -> int:
         print(_table(rows))
         if view.ended:
             print(closing_line(view))
-    return EXIT_RUN_FAILED if view.result in ("failed", "cancelled") else EXIT_OK
+    return EXIT_RUN_FAILED if view.ended and view.result != "succeeded" else EXIT_OK
 
 
 def show_config(ref: str | None) -> int:

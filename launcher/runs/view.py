@@ -47,7 +47,14 @@ class RunView:
         return lost
 
     @property
+    def never_started(self) -> bool:
+        """`run` recorded the run but failed to start it (its error was shown then)."""
+        return self.info.submission == "failed" and not self.statuses and not self.fates
+
+    @property
     def ended(self) -> bool:
+        if self.never_started:
+            return True
         lost = self.lost
         return all(self.statuses.get(n, {}).get("state") in FINAL_STATES or n in lost for n in self.info.nodes)
 
@@ -57,6 +64,8 @@ class RunView:
         states = [self.statuses.get(n, {}).get("state") for n in self.info.nodes]
         if not self.ended:
             return "running" if any(s in ("waiting", "running") or s in FINAL_STATES for s in states) else "pending"
+        if self.never_started:
+            return "failed to start"
         if all(s == "succeeded" for s in states):
             return "succeeded"
         root = self.root_failure()
