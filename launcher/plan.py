@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from launcher.spec.model import BUILT_IMAGE, NodeGroup, Spec, slug
+from launcher.spec.model import BUILT_IMAGE, NodeGroup, Spec, processes_text, slug
 
 DEFAULT_LOCAL_WORK_DIR = "~/.launcher/workdir"
 IMAGE_ARTIFACTS = "artifacts/pytorch/v1"
@@ -88,7 +88,7 @@ def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGr
         "LAUNCHER_WORK_DIR": work_dir,
         "LAUNCHER_NODE_NAME": node,
         "LAUNCHER_NODE_GROUPS": json.dumps(cluster.group_sizes),
-        "LAUNCHER_NPROC_PER_NODE": str(cluster.processes_per_node),
+        "LAUNCHER_NPROC_PER_NODE": processes_text(cluster.processes_per_node),
         "LAUNCHER_ENTRYPOINT": spec.runtime.entry_point,
         "LAUNCHER_ARGS": json.dumps(list(spec.runtime.args), ensure_ascii=False),
         "LAUNCHER_START_OPTIONS": json.dumps(list(cluster.start_options), ensure_ascii=False),
@@ -108,8 +108,10 @@ def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGr
 
 
 def make_plan(spec: Spec, *, work_dir: str, node_command: Sequence[str], run_id: str | None = None,
-              resume_from: str | None = None, extra_env: Mapping[str, str] | None = None) -> Plan:
-    """Build the plan. ``extra_env`` holds backend facts (e.g. the local backend's loopback address)."""
+              resume_from: str | None = None, extra_env: Mapping[str, str] | None = None,
+              node_extra_env: Sequence[Mapping[str, str]] | None = None) -> Plan:
+    """Build the plan. ``extra_env`` holds backend facts for every node (e.g. the local backend's
+    loopback address), ``node_extra_env`` per node (e.g. the GPUs each local node may use)."""
     run_id = run_id or new_run_id(spec)
     names = spec.cluster.node_names
     groups = [spec.cluster.main] * spec.cluster.main.replicas + [spec.cluster.worker] * spec.cluster.worker.replicas
@@ -117,6 +119,7 @@ def make_plan(spec: Spec, *, work_dir: str, node_command: Sequence[str], run_id:
     for name, group in zip(names, groups):
         env = node_env(spec, run_id=run_id, work_dir=work_dir, node=name, group=group, resume_from=resume_from)
         env.update(extra_env or {})
+        env.update(node_extra_env[len(nodes)] if node_extra_env else {})
         nodes.append(NodeConfig(name=name, group="main" if group is spec.cluster.main else "worker",
                                 image=resolve_image(spec, group), env=env, command=tuple(node_command)))
     build = image_build(spec) if any(node.image == image_tag(spec) for node in nodes) else None

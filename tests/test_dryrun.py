@@ -77,7 +77,7 @@ def test_oci_dry_run_has_one_create_job_and_one_job_run_per_node():
         assert env == node["env"]
         assert env["LAUNCHER_NODE_NAME"] == node["name"]
         assert env["LAUNCHER_RUN_ID"] == data["run_id"]
-        assert env["NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert env["NCCL_ASYNC_ERROR_HANDLING"] == "1"  # the ADS spec unchanged; the node renames it for torch
         assert json.loads(env["LAUNCHER_ARGS"]) == ["--data-dir", "/home/datascience/data", "--output-dir",
                                                     "/home/datascience/outputs", "--timeout", "5"]
 

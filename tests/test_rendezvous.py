@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.node.rendezvous import (Decision, PollPolicy, Registration, RendezvousTimeout, await_decision,
+from launcher.node.rendezvous import (Decision, PollPolicy, Registration, RendezvousError, RendezvousTimeout,
+                                      await_decision,
                                       decide_static, parse_node_key)
 from launcher.node.store import WorkDir
 
@@ -46,9 +47,8 @@ def assert_agreement(results: dict[str, object], names: list[str]) -> Decision:
     assert all(isinstance(d, Decision) for d in decisions), decisions
     first = decisions[0]
     assert all(d == first for d in decisions)
-    assert sorted(first.ranks) == sorted(names)
-    assert sorted(first.ranks.values()) == list(range(len(names)))
-    assert first.ranks[first.main] == 0
+    assert first.ranks == {name: rank for rank, name in enumerate(names)}  # the spec's order, whoever came first
+    assert first.main == names[0]
     main_index = names.index(first.main)
     assert (first.master_addr, first.master_port) == ("10.0.0.%d" % main_index, 20000 + main_index)
     return first
@@ -74,24 +74,32 @@ def test_agreement_on_s3(s3_bucket, n, seed):
     assert_agreement(run_nodes(f"s3://{s3_bucket}/wd/run-{seed}", names, delays), names)
 
 
-def test_any_node_can_become_main(tmp_path):
-    mains = set()
-    for trial in range(30):
-        names = ["a", "b", "c"]
-        mains.add(assert_agreement(run_nodes(str(tmp_path / f"r{trial}"), names, [0, 0, 0]), names).main)
-    assert mains == {"a", "b", "c"}
+def test_ranks_follow_the_spec_whatever_the_start_order(tmp_path):
+    names = ["job-main", "job-worker-0", "job-worker-1"]
+    for trial, delays in enumerate([[0.3, 0.1, 0], [0, 0.2, 0.1], [0.1, 0, 0.3], [0, 0, 0]]):
+        decision = assert_agreement(run_nodes(str(tmp_path / f"r{trial}"), names, delays), names)
+        assert decision.main == "job-main" and decision.ranks["job-worker-1"] == 2
 
 
 def test_decision_is_a_pure_function_of_the_registrations():
-    keys = [Registration(name, f"10.1.1.{i}", 100 + i, nonce=nonce).key.split("/")[1]
+    order = ["x", "y", "z.dotted-name"]
+    keys = [Registration(name, f"10.1.1.{i}", 100 + i, 4, nonce=nonce).key.split("/")[1]
             for i, (name, nonce) in enumerate([("x", "00ff"), ("y", "0001"), ("z.dotted-name", "a000")])]
     registered = {listed.name: listed for listed in map(parse_node_key, keys)}
-    decision = decide_static(registered)
-    assert decision == Decision(main="y", master_addr="10.1.1.1", master_port=101,
-                                ranks={"y": 0, "x": 1, "z.dotted-name": 2})
-    assert decision.to_bytes() == decide_static(dict(reversed(registered.items()))).to_bytes()
-    assert parse_node_key("0001~99~::1~ipv6-node.json").address == "::1"
-    assert parse_node_key("stray.json") is None and parse_node_key(".0001~1~a~b.json.x.tmp") is None
+    decision = decide_static(registered, order)
+    assert decision == Decision(main="x", master_addr="10.1.1.0", master_port=100,
+                                ranks={"x": 0, "y": 1, "z.dotted-name": 2}, processes_per_node=4)
+    assert decision.to_bytes() == decide_static(dict(reversed(registered.items())), order).to_bytes()
+    assert parse_node_key("0001~99~::1~2~ipv6-node.json").address == "::1"
+    assert parse_node_key("0001~99~::1~2~ipv6-node.json").processes == 2
+    assert parse_node_key("stray.json") is None and parse_node_key(".0001~1~a~1~b.json.x.tmp") is None
+
+
+def test_nodes_that_would_start_different_process_counts_fail_alike():
+    registered = {name: parse_node_key(Registration(name, "10.0.0.1", 1, count).key.split("/")[1])
+                  for name, count in (("a", 8), ("b", 4))}
+    with pytest.raises(RendezvousError, match=r"different numbers of training processes \(a: 8, b: 4\)"):
+        decide_static(registered, ["a", "b"])
 
 
 def test_timeout_names_the_missing_nodes(tmp_path):
@@ -108,7 +116,7 @@ def test_another_runs_files_never_affect_a_new_run(tmp_path):
     """A crashed earlier run left registrations, a decision, a cancel and failure markers: the new run ignores them."""
     work_dir = tmp_path / "wd"
     old = WorkDir(str(work_dir / "old-run"))
-    old.put("nodes/0000000000000000~1~9.9.9.9~a.json", json.dumps({"address": "9.9.9.9", "port": 1}).encode())
+    old.put("nodes/0000000000000000~1~9.9.9.9~1~a.json", json.dumps({"address": "9.9.9.9", "port": 1}).encode())
     old.put("rendezvous.json", Decision("a", "9.9.9.9", 1, {"a": 0, "b": 1}).to_bytes())
     old.put("control/cancel", b"{}")
     old.put("control/failed.b.json", b"{}")

@@ -72,10 +72,19 @@ class Backend(ABC):
     def node_env_extra(self, spec: Spec) -> dict[str, str]:
         return {}
 
+    def node_devices(self, spec: Spec) -> tuple[list[dict[str, str]] | None, list[str]]:
+        """Per-node env giving each node its devices (None: the nodes' own), and notes about it."""
+        return None, []
+
     def plan(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> tuple[Plan, list[str]]:
         work_dir, notes = self.work_dir(spec)
+        devices, device_notes = self.node_devices(spec)
         plan = make_plan(spec, work_dir=work_dir, node_command=self.node_command, run_id=run_id,
-                         resume_from=resume_from, extra_env=self.node_env_extra(spec))
+                         resume_from=resume_from, extra_env=self.node_env_extra(spec), node_extra_env=devices)
+        notes = notes + device_notes
+        if spec.cluster.processes_per_node is None:
+            notes.append("processesPerNode: auto is decided on each node (one training process per GPU it "
+                         "sees, 1 without GPUs); WORLD_SIZE follows")
         return plan, notes
 
     def dryrun(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> DryRun:

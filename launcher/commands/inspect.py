@@ -7,6 +7,7 @@ import sys
 import time
 
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
+from launcher.gpus import describe
 from launcher.runs.state import all_runs, resolve_run
 from launcher.runs.view import closing_line, open_run, read_view, record_lost
 
@@ -24,6 +25,12 @@ def _age(timestamp: float | None) -> str:
         f"{seconds // 3600}h ago"
 
 
+def _devices(accelerators: dict | None) -> str:
+    if not accelerators:
+        return "-"
+    return f"{accelerators['count']} GPU" if accelerators.get("count") else "CPU"
+
+
 def status(ref: str | None, *, as_json: bool) -> int:
     info = resolve_run(ref)
     view = read_view(info)
@@ -36,16 +43,21 @@ def status(ref: str | None, *, as_json: bool) -> int:
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        rows = [["NODE", "RANK", "STATE", "EXIT", "ADDRESS", "UPDATED", "REASON"]]
+        rows = [["NODE", "RANK", "STATE", "EXIT", "ADDRESS", "DEVICES", "UPDATED", "REASON"]]
         lost = view.lost
         for name in info.nodes:
             record = {**view.statuses.get(name, {}), **({"state": "lost", **lost[name]} if name in lost else {})}
             rank = view.rank_of(name)
             rows.append([name, "-" if rank is None else str(rank), record.get("state", "pending"),
                          "-" if record.get("exit_code") is None else str(record["exit_code"]),
-                         record.get("address") or "-", _age(record.get("updated_at")), record.get("reason") or ""])
+                         record.get("address") or "-", _devices(record.get("accelerators")),
+                         _age(record.get("updated_at")), record.get("reason") or ""])
         print(f"run {info.run_id} ({info.backend}): {view.result}")
         print(_table(rows))
+        for name in info.nodes:
+            accelerators = view.statuses.get(name, {}).get("accelerators") or {}
+            if accelerators.get("count"):
+                print(f"{name}: {describe(accelerators)}")
         if view.ended:
             print(closing_line(view))
     return EXIT_RUN_FAILED if view.ended and view.result != "succeeded" else EXIT_OK
@@ -66,7 +78,8 @@ def show_config(ref: str | None) -> int:
     if decision["ranks"]:
         nodes = len(decision["ranks"])
         print(f"NNODES:       {nodes}")
-        print(f"WORLD_SIZE:   {nodes * info.processes_per_node} ({info.processes_per_node} processes per node)")
+        processes = decision.get("processes_per_node", info.processes_per_node)
+        print(f"WORLD_SIZE:   {nodes * processes} ({processes} processes per node)")
         print("node ranks:")
         for name, rank in sorted(decision["ranks"].items(), key=lambda item: item[1]):
             print(f"  {rank:>4}  {name}")

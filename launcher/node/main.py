@@ -2,7 +2,8 @@
 
 Exit status: 0 training succeeded; torchrun's exit status when training failed here;
 1 when stopped because a peer failed or the rendezvous timed out; 130 when cancelled;
-2 for a malformed environment; 3 when the work dir cannot be reached.
+2 for a malformed environment or fewer GPUs than processesPerNode asks for; 3 when the work
+dir cannot be reached.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 import time
 from typing import IO
 
+from launcher.gpus import accelerator_report, visible_gpus
 from launcher.node import outputs as outputs_mod
 from launcher.node.control import ControlWatch, StopRequest, record_failure
 from launcher.node.exits import killed_by, signal_name
@@ -39,6 +41,10 @@ STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
 CHILD_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
+class TooFewGpus(Exception):
+    """processesPerNode asks for more GPUs than the node sees."""
+
+
 class NothingToResume(Exception):
     """``--resume-from`` named a run that left no outputs: starting from scratch would hide that."""
 
@@ -58,6 +64,7 @@ class Node:
         self.stop_request: StopRequest | None = None
         self.rank: int | None = None
         self.child_exit_code: int | None = None
+        self.processes = 1
 
     def say(self, message: str) -> None:
         print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
@@ -83,6 +90,8 @@ class Node:
             return self._finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
         except NothingToResume as exc:
             return self._finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
+        except TooFewGpus as exc:
+            return self._finish("failed", str(exc), EXIT_BAD_ENV, mark_failed=True)
         except (RendezvousError, StoreError) as exc:
             return self._finish("failed", str(exc), EXIT_STORE, mark_failed=True)
         finally:
@@ -90,13 +99,18 @@ class Node:
 
     def _main(self) -> int:
         settings = self.settings
-        self.status.update(state="registering")
+        gpus = visible_gpus()
+        self.status.update(state="registering", accelerators=accelerator_report(gpus))
+        self.processes = self._processes(len(gpus))
         address = own_address()
         port = settings.master_port or free_port(address)
-        self.status.update(state="waiting", address=address, outputs_dir=settings.outputs_dir)
-        self.say(f"registering in {settings.run_url} as {address}:{port}; waiting for {len(settings.nodes)} nodes")
+        self.status.update(state="waiting", address=address, outputs_dir=settings.outputs_dir,
+                           processes=self.processes)
+        devices = plural(len(gpus), "GPU") if gpus else "no GPU"
+        self.say(f"registering in {settings.run_url} as {address}:{port} ({plural(self.processes, 'training process')}, "
+                 f"{devices}); waiting for {plural(len(settings.nodes), 'node')}")
         decision = await_decision(
-            self.run, Registration(settings.node, address, port), settings.nodes,
+            self.run, Registration(settings.node, address, port, self.processes), settings.nodes,
             timeout=settings.rendezvous_timeout,
             elastic_min=settings.elastic["minNodes"] if settings.elastic else None,
             progress=self._progress)
@@ -109,6 +123,17 @@ class Node:
         if settings.resume_from:
             self._restore(settings.resume_from)
         return self._train(decision)
+
+    def _processes(self, gpus: int) -> int:
+        """processesPerNode as a number, or auto: one per GPU this node sees, 1 without GPUs."""
+        wanted = self.settings.nproc_per_node
+        if wanted is None:
+            return max(1, gpus)
+        if 0 < gpus < wanted:  # caught here, not as an NCCL error minutes later
+            raise TooFewGpus(f"processesPerNode is {wanted} but this node sees {plural(gpus, 'GPU')} "
+                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
+                             "use processesPerNode: auto or at most the GPU count")
+        return wanted
 
     def _progress(self, registered: list[str], missing: list[str]) -> None:
         total = len(registered) + len(missing)
@@ -127,13 +152,13 @@ class Node:
                  f"{self.settings.outputs_dir}")
 
     def _train(self, decision: Decision) -> int:
-        from launcher.node.torchrun import rank_env, torchrun_argv
+        from launcher.node.torchrun import torchrun_argv, training_env
 
         settings = self.settings
         os.makedirs(settings.outputs_dir, exist_ok=True)
-        argv = torchrun_argv(decision, settings, wait_seconds=settings.rendezvous_timeout)
+        argv = torchrun_argv(decision, settings, self.processes, wait_seconds=settings.rendezvous_timeout)
         self.say(f"starting: {shlex.join(argv)}")
-        self.proc = subprocess.Popen(argv, env={**os.environ, **rank_env(decision, settings)},
+        self.proc = subprocess.Popen(argv, env=training_env(os.environ, decision, settings, self.processes),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                      preexec_fn=_die_with_parent())
         readers = [threading.Thread(target=self._pump, args=(self.proc.stdout, "out", sys.stdout), daemon=True),
@@ -274,3 +299,10 @@ def main() -> int:
         print(f"launcher node {settings.node}: {exc}", file=sys.stderr)
         return EXIT_STORE
     return node.main()
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``, ``2 training processes``."""
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count} {noun}{'es' if noun.endswith('s') else 's'}"

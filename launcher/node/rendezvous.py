@@ -2,15 +2,15 @@
 
 Layout under ``{work_dir}/{run_id}/`` (see docs/protocol.md for the reasoning):
 
-  nodes/{nonce}~{port}~{address}~{name}.json
+  nodes/{nonce}~{port}~{address}~{processes}~{name}.json
                               one registration per node, written once; the key alone carries
                               what the decision needs, so deciding takes a single LIST
   rendezvous.json             the decision: main, MASTER_ADDR/PORT, rank of every node
 
 Static mode: once all N expected names are registered, the decision is a pure function
-of the N registrations (ranks in nonce order, main = rank 0), so every node that computes
-it computes the same bytes; the first to create ``rendezvous.json`` publishes it and the
-others read it. Nonces are random, so any node may become main.
+of the N registrations and the expected order (the spec's: the main group's node is rank 0
+and the main, then worker-0, worker-1, ...), so every node that computes it computes the same
+bytes; the first to create ``rendezvous.json`` publishes it and the others read it.
 """
 
 from __future__ import annotations
@@ -54,13 +54,14 @@ class Registration:
     name: str
     address: str
     port: int
+    processes: int = 1  # training processes this node will start (decided on the node for "auto")
     nonce: str = field(default_factory=lambda: secrets.token_hex(8))
     pid: int = field(default_factory=os.getpid)
 
     @property
     def key(self) -> str:
-        # "~" appears in no node name (schema), address or port, so the key splits unambiguously.
-        return f"{NODES_PREFIX}/{self.nonce}~{self.port}~{self.address}~{self.name}.json"
+        # "~" appears in no node name (schema), address or number, so the key splits unambiguously.
+        return f"{NODES_PREFIX}/{self.nonce}~{self.port}~{self.address}~{self.processes}~{self.name}.json"
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Listed:
     nonce: str
     port: int
     address: str
+    processes: int
     name: str
 
 
@@ -80,6 +82,7 @@ class Decision:
     master_port: int
     ranks: dict[str, int]  # empty in elastic mode: torchrun's c10d rendezvous assigns ranks
     mode: str = "static"
+    processes_per_node: int = 1
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -114,12 +117,12 @@ class PollPolicy:
 
 
 def parse_node_key(entry: str) -> Listed | None:
-    """``{nonce}~{port}~{address}~{name}.json`` -> :class:`Listed`; None for anything else."""
+    """``{nonce}~{port}~{address}~{processes}~{name}.json`` -> :class:`Listed`; None for anything else."""
     parts = entry[:-5].split("~") if entry.endswith(".json") else []
-    if len(parts) != 4 or not parts[1].isdigit():
+    if len(parts) != 5 or not parts[1].isdigit() or not parts[3].isdigit():
         return None
-    nonce, port, address, name = parts
-    return Listed(nonce, int(port), address, name)
+    nonce, port, address, processes, name = parts
+    return Listed(nonce, int(port), address, int(processes), name)
 
 
 def register(store: WorkDir, me: Registration) -> None:
@@ -127,12 +130,19 @@ def register(store: WorkDir, me: Registration) -> None:
         raise RendezvousError(f"registration {me.key} already exists")  # a 64-bit nonce collision
 
 
-def decide_static(registered: dict[str, Listed]) -> Decision:
-    """The pure decision: ranks in nonce order; the lowest nonce is main."""
-    order = sorted(registered, key=lambda name: (registered[name].nonce, name))
-    main = registered[order[0]]
+def decide_static(registered: dict[str, Listed], order: Sequence[str]) -> Decision:
+    """The pure decision: ranks in the spec's order of the nodes, so the main group's node is rank 0
+    and the main. Every node must start the same number of processes (static torchrun ranks
+    are NODE_RANK x LOCAL_WORLD_SIZE + local rank)."""
+    ranked = [name for name in order if name in registered]
+    counts = {registered[name].processes for name in ranked}
+    if len(counts) > 1:
+        seen = ", ".join(f"{name}: {registered[name].processes}" for name in ranked[:8])
+        raise RendezvousError(f"the nodes would start different numbers of training processes ({seen}); "
+                              "with processesPerNode: auto they see different numbers of GPUs: set a number")
+    main = registered[ranked[0]]
     return Decision(main=main.name, master_addr=main.address, master_port=main.port,
-                    ranks={name: i for i, name in enumerate(order)})
+                    ranks={name: i for i, name in enumerate(ranked)}, processes_per_node=counts.pop())
 
 
 def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *, timeout: float,
@@ -165,7 +175,7 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
                 progress(*seen)
             needed = elastic_min if elastic_min is not None else len(expected)
             if len(registered) >= needed:
-                return _publish(store, registered, elastic=elastic_min is not None)
+                return _publish(store, registered, expected, elastic=elastic_min is not None)
             if timed_out:
                 raise RendezvousTimeout(missing, len(registered), len(expected), timeout)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic()) + 0.01))
@@ -185,11 +195,12 @@ def _registered(store: WorkDir, expected: set[str]) -> dict[str, Listed]:
     return registered
 
 
-def _publish(store: WorkDir, registered: dict[str, Listed], *, elastic: bool) -> Decision:
-    decision = decide_static(registered)
+def _publish(store: WorkDir, registered: dict[str, Listed], order: Sequence[str], *, elastic: bool) -> Decision:
+    decision = decide_static(registered, order)
     if elastic:
         decision = Decision(main=decision.main, master_addr=decision.master_addr,
-                            master_port=decision.master_port, ranks={}, mode="elastic")
+                            master_port=decision.master_port, ranks={}, mode="elastic",
+                            processes_per_node=decision.processes_per_node)
     if store.create(DECISION_KEY, decision.to_bytes()):
         return decision
     return Decision.from_bytes(store.get(DECISION_KEY) or decision.to_bytes())

@@ -21,7 +21,7 @@ class NodeSettings:
     work_dir: str
     node: str
     nodes: tuple[str, ...]
-    nproc_per_node: int
+    nproc_per_node: int | None  # None: auto, one per GPU this node sees
     entry_point: str
     args: tuple[str, ...]
     start_options: tuple[str, ...]
@@ -63,7 +63,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
             work_dir=need("LAUNCHER_WORK_DIR"),
             node=node,
             nodes=nodes,
-            nproc_per_node=int(env.get("LAUNCHER_NPROC_PER_NODE", "1")),
+            nproc_per_node=_processes(env.get("LAUNCHER_NPROC_PER_NODE", "1")),
             entry_point=need("LAUNCHER_ENTRYPOINT"),
             args=tuple(json.loads(env.get("LAUNCHER_ARGS", "[]"))),
             start_options=tuple(json.loads(env.get("LAUNCHER_START_OPTIONS", "[]"))),
@@ -77,3 +77,12 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
         )
     except (ValueError, TypeError) as exc:
         raise SettingsError(f"malformed LAUNCHER_* variable: {exc}") from None
+
+
+def _processes(text: str) -> int | None:
+    if text == "auto":
+        return None
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"LAUNCHER_NPROC_PER_NODE must be auto or >= 1, not {text!r}")
+    return value

@@ -13,16 +13,22 @@ Meaning of the variables (docs/protocol.md repeats this table):
 from __future__ import annotations
 
 import sys
+from typing import Mapping
 
 from launcher.node.rendezvous import Decision
 from launcher.node.settings import NodeSettings
 
 
-def rank_env(decision: Decision, settings: NodeSettings) -> dict[str, str]:
+# Renamed by torch (which warns on the old name); specs written for the old name keep working.
+RENAMED_ENV = {"NCCL_ASYNC_ERROR_HANDLING": "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+               "NCCL_BLOCKING_WAIT": "TORCH_NCCL_BLOCKING_WAIT"}
+
+
+def rank_env(decision: Decision, settings: NodeSettings, processes: int) -> dict[str, str]:
     env = {
         "MASTER_ADDR": decision.master_addr,
         "MASTER_PORT": str(decision.master_port),
-        "LOCAL_WORLD_SIZE": str(settings.nproc_per_node),
+        "LOCAL_WORLD_SIZE": str(processes),
         "LAUNCHER_OUTPUTS_DIR": settings.outputs_dir,
         "PYTHONUNBUFFERED": "1",
     }
@@ -32,20 +38,32 @@ def rank_env(decision: Decision, settings: NodeSettings) -> dict[str, str]:
         env.update({
             "NODE_RANK": str(node_rank),
             "NNODES": str(nnodes),
-            "WORLD_SIZE": str(nnodes * settings.nproc_per_node),
-            "RANK": str(node_rank * settings.nproc_per_node),
+            "WORLD_SIZE": str(nnodes * processes),
+            "RANK": str(node_rank * processes),
         })
     return env
 
 
-def torchrun_argv(decision: Decision, settings: NodeSettings, *, wait_seconds: float) -> list[str]:
+def training_env(base: Mapping[str, str], decision: Decision, settings: NodeSettings,
+                 processes: int) -> dict[str, str]:
+    """The environment torchrun and the training processes start with."""
+    env = dict(base)
+    for old, new in RENAMED_ENV.items():
+        if old in env:
+            value = env.pop(old)
+            env.setdefault(new, value)
+    env.update(rank_env(decision, settings, processes))
+    return env
+
+
+def torchrun_argv(decision: Decision, settings: NodeSettings, processes: int, *, wait_seconds: float) -> list[str]:
     """torchrun's command line; on workers wrapped so it starts once the main's port answers."""
     if decision.main == settings.node:
         argv = [sys.executable, "-m", "torch.distributed.run"]
     else:
         argv = [sys.executable, "-m", "launcher.node.torchrun_shim", decision.master_addr,
                 str(decision.master_port), f"{wait_seconds:g}", "--"]
-    argv += ["--nproc-per-node", str(settings.nproc_per_node)]
+    argv += ["--nproc-per-node", str(processes)]
     if decision.mode == "static":
         argv += ["--nnodes", str(len(decision.ranks)), "--node-rank", str(decision.ranks[settings.node]),
                  "--master-addr", decision.master_addr, "--master-port", str(decision.master_port)]

@@ -28,7 +28,7 @@ class RunInfo:
     spec_file: str
     spec_digest: str
     created_at: float
-    processes_per_node: int = 1
+    processes_per_node: int | str = 1  # a number, or "auto" (each node decides; the decision records it)
     submission: str = "submitted"  # submitting | submitted | failed: how far `run` got
     backend_ids: dict[str, Any] = field(default_factory=dict)
     path: str = ""

@@ -18,6 +18,7 @@ DEFAULT_RENDEZVOUS_TIMEOUT = 600
 DEFAULT_OUTPUTS_SYNC_INTERVAL = 30
 DEFAULT_BLOCK_STORAGE_GB = 50
 BUILT_IMAGE = "@image"  # "the image `launcher build` made"
+AUTO = "auto"
 
 @dataclass(frozen=True)
 class EnvVar:
@@ -78,7 +79,7 @@ class Cluster:
     start_options: tuple[str, ...]
     main: NodeGroup
     worker: NodeGroup
-    processes_per_node: int
+    processes_per_node: int | None  # None: "auto", one per GPU each node sees (decided on the node)
     elastic: Elastic | None
     rendezvous_timeout: int
     port: int
@@ -191,7 +192,7 @@ def build(data: dict, source: Path | None = None) -> tuple[Spec, list[Problem]]:
         start_options=tuple(as_text(o) for o in config.get("startOptions") or ()),
         main=main,
         worker=worker,
-        processes_per_node=cluster_data.get("processesPerNode", 1),
+        processes_per_node=_processes(cluster_data.get("processesPerNode", 1)),
         elastic=elastic,
         rendezvous_timeout=cluster_data.get("rendezvousTimeout", DEFAULT_RENDEZVOUS_TIMEOUT),
         port=cluster_data.get("port", 0),
@@ -206,6 +207,15 @@ def build(data: dict, source: Path | None = None) -> tuple[Spec, list[Problem]]:
     spec = Spec(name=name, infra_type=infra_data["type"], infra=_infra(infra_data["type"], infra_spec, name),
                 cluster=cluster, runtime=runtime, source=source, digest=digest(data))
     return spec, problems
+
+
+def _processes(value: int | str) -> int | None:
+    return None if value == AUTO else int(value)
+
+
+def processes_text(value: int | None) -> str:
+    """How a process count is written in env, records and messages: a number or ``auto``."""
+    return AUTO if value is None else str(value)
 
 
 def _group(data: dict, default_name: str, default_replicas: int) -> NodeGroup:

@@ -70,13 +70,15 @@ def main() -> None:
     parser.add_argument("--output-dir", default=os.environ.get("LAUNCHER_OUTPUTS_DIR", "outputs"))
     args = parser.parse_args()
 
+    # One process per GPU: LOCAL_RANK picks this process's GPU among those the node may use
+    # (launcher gives each local node its own through CUDA_VISIBLE_DEVICES).
     use_cuda = torch.cuda.is_available()
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # before the process group, so NCCL binds the right GPU
+    dist.init_process_group(backend="nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
+    rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts rank 0's)
     train_set, test_set = load_digits_split()
@@ -91,7 +93,8 @@ def main() -> None:
     # Resume only from an epoch every rank has a checkpoint of; otherwise the ranks would disagree on
     # where to start and the collectives would fail.
     resume = latest_checkpoint(checkpoints)
-    agreed = torch.tensor([int(resume.stem.split("-")[1]) if resume else 0])
+    # Every tensor a collective sees lives on this process's device: nccl has no CPU tensors.
+    agreed = torch.tensor([int(resume.stem.split("-")[1]) if resume else 0], device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
     start_epoch = int(agreed.item())
     if start_epoch > 0:
@@ -126,12 +129,16 @@ def main() -> None:
     print(f"rank {rank}: final parameters {parameter_digest(model.module)}", flush=True)
     if rank == 0:
         outputs.mkdir(parents=True, exist_ok=True)
-        torch.save(model.module.state_dict(), outputs / "model.pt")
+        # Saved from CPU copies: the model loads on any machine, with or without a GPU.
+        torch.save({name: tensor.cpu() for name, tensor in model.module.state_dict().items()}, outputs / "model.pt")
         print(f"final test accuracy {accuracy:.4f} ({len(test_set)} held-out digits); "
               f"model saved to {outputs / 'model.pt'}", flush=True)
     # Tear down together: a rank that destroys its process group while a peer is still saving can
     # make the peer's gloo threads abort at exit (SIGABRT, seen with torch 2.13 on CPU).
-    dist.barrier()
+    if use_cuda:
+        dist.barrier(device_ids=[local_rank])
+    else:
+        dist.barrier()
     dist.destroy_process_group()
 
 

@@ -157,7 +157,7 @@ def _spec_with(tmp_path: Path, **cluster) -> Path:
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("processesPerNode", 1.0, "must be an integer from 1 to 128 (got number 1.0)"),
+    ("processesPerNode", 1.0, "must be an integer from 1 to 128, or auto (got 1.0)"),
     ("port", 29500.0, "must be an integer from 0 to 65535 (got number 29500.0)"),
     ("outputsSyncInterval", 1e308, "must be an integer from 1 to 86400"),
     ("rendezvousTimeout", math.inf, "must be an integer from 1 to 86400"),

@@ -1,0 +1,189 @@
+"""GPU nodes on CPU-only machines: a fake `nvidia-smi` on PATH stands in for 0, 1, 4 and 8 GPUs.
+
+Covers counting (no torch import), CUDA_VISIBLE_DEVICES filtering, sharing one machine's GPUs
+out among local nodes (in the plan, so the dry-run shows it), `processesPerNode: auto` decided
+on each node, the early failure on too few GPUs, and what `status` shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from clirun import run_id_from
+from cluster import write_spec
+from conftest import run_cli
+from launcher.gpus import Gpu, accelerator_report, describe, partition, visible_gpus
+
+FAKE_SMI = """#!/bin/sh
+# A stand-in for nvidia-smi: FAKE_GPU_COUNT GPUs, answering the queries launcher makes.
+n=${FAKE_GPU_COUNT:-0}
+case "$1" in
+  --query-gpu=*)
+    i=0
+    while [ "$i" -lt "$n" ]; do
+      echo "$i, GPU-fake-$i, NVIDIA H100 80GB HBM3, 81559, 580.65.06"
+      i=$((i + 1))
+    done ;;
+  -L)
+    i=0
+    while [ "$i" -lt "$n" ]; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-fake-$i)"; i=$((i + 1)); done ;;
+  *)
+    echo "| NVIDIA-SMI 580.65.06    Driver Version: 580.65.06    CUDA Version: 13.0 |" ;;
+esac
+"""
+
+REPORT = """
+import os
+print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "local", os.environ["LOCAL_RANK"],
+      "of", os.environ["LOCAL_WORLD_SIZE"], "devices", repr(os.environ.get("CUDA_VISIBLE_DEVICES")),
+      "torch_nccl", os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+      "old_name_set", "NCCL_ASYNC_ERROR_HANDLING" in os.environ, flush=True)
+"""
+
+
+@pytest.fixture
+def fake_gpus(tmp_path, monkeypatch):
+    """Put a fake nvidia-smi first on PATH (for this process and every process it starts)."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def set_count(count: int) -> None:
+        monkeypatch.setenv("FAKE_GPU_COUNT", str(count))
+
+    return set_count
+
+
+@pytest.mark.parametrize("count", [0, 1, 4, 8])
+def test_counting_gpus_without_torch(fake_gpus, count):
+    fake_gpus(count)
+    gpus = visible_gpus()
+    assert [gpu.index for gpu in gpus] == [str(i) for i in range(count)]
+    assert all(gpu.name == "NVIDIA H100 80GB HBM3" and gpu.memory_mib == 81559 for gpu in gpus)
+
+
+def test_cuda_visible_devices_is_applied_as_cuda_would(fake_gpus):
+    fake_gpus(8)
+    assert [g.index for g in visible_gpus({"CUDA_VISIBLE_DEVICES": "6,2"})] == ["6", "2"]
+    assert [g.index for g in visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-fake-3"})] == ["3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert [g.index for g in visible_gpus({"CUDA_VISIBLE_DEVICES": "1,9,2"})] == ["1"]  # stops at 9
+
+
+def test_no_nvidia_smi_and_no_driver_means_no_gpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("launcher.gpus.PROC_GPUS", tmp_path / "no-driver")
+    assert visible_gpus({}) == []
+
+
+@pytest.mark.parametrize("nodes, processes, gpus, shares, note", [
+    (2, None, 8, ["0,1,2,3", "4,5,6,7"], "8 GPUs here: 4 per node"),
+    (2, 4, 8, ["0,1,2,3", "4,5,6,7"], "8 GPUs here: 4 per node"),
+    (2, 1, 8, ["0", "1"], "8 GPUs here: 1 per node"),
+    (3, None, 8, ["0,1", "2,3", "4,5"], "8 GPUs here: 2 per node"),
+    (1, None, 1, ["0"], "1 GPU here: 1 per node"),
+    (2, None, 1, ["", ""], "2 processes but 1 GPU: running on CPU"),
+    (2, 1, 1, ["", ""], "2 processes but 1 GPU: running on CPU"),
+    (2, 4, 4, ["", ""], "8 processes but 4 GPUs: running on CPU"),
+    (2, None, 0, None, None),
+])
+def test_partition(nodes, processes, gpus, shares, note):
+    assert partition(nodes, processes, [str(i) for i in range(gpus)]) == (shares, note)
+
+
+@pytest.mark.parametrize("count, devices, note", [
+    (0, [None, None], None),
+    (1, ["", ""], "2 processes but 1 GPU: running on CPU"),
+    (4, ["0,1", "2,3"], "4 GPUs here: 2 per node"),
+    (8, ["0,1,2,3", "4,5,6,7"], "8 GPUs here: 4 per node"),
+])
+def test_the_dry_run_shows_each_local_nodes_gpus(tmp_path, fake_gpus, count, devices, note):
+    fake_gpus(count)
+    spec = write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": "auto"})
+    done = run_cli("run", "-f", str(spec), "--dry-run", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    dry = json.loads(done.stdout)
+    assert [node["env"].get("CUDA_VISIBLE_DEVICES") for node in dry["nodes"]] == devices
+    device_notes = [n for n in dry["notes"] if "here:" in n or "running on CPU" in n]
+    assert device_notes == ([note] if note else [])
+    assert any("decided on each node" in n for n in dry["notes"])
+    text = run_cli("run", "-f", str(spec), "--dry-run").stdout
+    assert not note or note in text
+
+
+def test_a_spec_that_pins_devices_is_left_alone(tmp_path, fake_gpus):
+    fake_gpus(8)
+    spec = write_spec(tmp_path, REPORT, nodes=2, env=[{"name": "CUDA_VISIBLE_DEVICES", "value": "7"}])
+    dry = json.loads(run_cli("run", "-f", str(spec), "--dry-run", "--output", "json").stdout)
+    assert [node["env"]["CUDA_VISIBLE_DEVICES"] for node in dry["nodes"]] == ["7", "7"]
+    assert not any("here:" in note or "running on CPU" in note for note in dry["notes"])
+
+
+def test_auto_runs_one_process_per_gpu_each_node_sees(tmp_path, launcher_home, fake_gpus):
+    fake_gpus(4)
+    spec = write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": "auto"},
+                      env=[{"name": "NCCL_ASYNC_ERROR_HANDLING", "value": "1"}])
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(line.split("] ", 1)[1] for line in done.stdout.splitlines() if "] rank " in line)
+    assert lines == [f"rank {r} of 4 local {r % 2} of 2 devices '{'0,1' if r < 2 else '2,3'}' torch_nccl 1 "
+                     "old_name_set False" for r in range(4)]
+    run_id = run_id_from(done.stdout)
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    main = status["nodes"]["t-main"]
+    assert main["processes"] == 2 and main["rank"] == 0  # the main group's node is rank 0
+    report = main["accelerators"]
+    assert report["count"] == 2 and report["driver"] == "580.65.06" and report["cuda"] == "13.0"
+    assert report["torch"]
+    table = run_cli("status", run_id).stdout
+    assert "t-main: 2 x NVIDIA H100 80GB HBM3 (81559 MiB), driver 580.65.06, CUDA 13.0" in table
+    assert "WORLD_SIZE:   4 (2 processes per node)" in run_cli("show-config", run_id).stdout
+
+
+def test_too_few_gpus_fail_at_once_before_torchrun(tmp_path, launcher_home, fake_gpus):
+    fake_gpus(1)
+    spec = write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": 2},
+                      env=[{"name": "CUDA_VISIBLE_DEVICES", "value": "0"}])
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "processesPerNode is 2 but this node sees 1 GPU" in done.stdout
+    assert "starting:" not in done.stdout  # torchrun never started
+    status = json.loads(run_cli("status", run_id_from(done.stdout), "--json").stdout)
+    assert {node["exit_code"] for node in status["nodes"].values()} <= {1, 2}
+    assert "processesPerNode is 2" in status["first_failure"]["reason"]
+
+
+def test_the_cpu_fallback_note_reaches_the_user_of_run(tmp_path, launcher_home, fake_gpus):
+    fake_gpus(1)
+    spec = write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": "auto"})
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "note: 2 processes but 1 GPU: running on CPU" in done.stdout
+    assert sorted(line.split("] ", 1)[1].split(" devices")[0] for line in done.stdout.splitlines()
+                  if "] rank " in line) == ["rank 0 of 2 local 0 of 1", "rank 1 of 2 local 0 of 1"]
+
+
+def test_describe_reports():
+    gpu = Gpu("0", "GPU-x", "NVIDIA A10", 24564, "550.1")
+    report = {**accelerator_report([]), "gpus": [vars(gpu)], "count": 1, "driver": "550.1", "cuda": "12.4"}
+    assert describe(report) == "1 x NVIDIA A10 (24564 MiB), driver 550.1, CUDA 12.4"
+    assert describe(accelerator_report([])) == "CPU only"
+
+
+def test_the_scaffold_uses_auto_and_the_current_nccl_variable(tmp_path):
+    assert run_cli("init", "--framework", "pytorch", "--dir", str(tmp_path)).returncode == 0
+    text = (tmp_path / "train.yaml").read_text()
+    assert "processesPerNode: auto" in text and "TORCH_NCCL_ASYNC_ERROR_HANDLING" in text
+    assert "- name: NCCL_ASYNC_ERROR_HANDLING" not in text
+    script = (tmp_path / "train.py").read_text()
+    assert "device=device" in script and "map_location=device" in script
+    assert Path(tmp_path / "train.py").is_file()
