@@ -74,13 +74,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("cancel", help="stop every node: graceful first, then forced")
     _run_arg(p)
-    p.add_argument("--grace", type=float, default=15.0, help="seconds to wait before forcing (default 15)")
+    p.add_argument("--grace", type=_non_negative_seconds, default=15.0,
+                   help="seconds to wait before forcing (default 15)")
     p.set_defaults(handler=_cancel)
 
     p = verbs.add_parser("list", help="recent runs")
-    p.add_argument("-n", type=int, default=20, help="how many (default 20)")
+    p.add_argument("-n", type=_positive_int, default=20, help="how many (default 20)")
     p.set_defaults(handler=_list)
+    for verb in verbs.choices.values():  # -v works after the verb too (default: the global flag's value)
+        verb.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                          help="debug output and tracebacks")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more seconds")
+    return value
 
 
 def _init(args: argparse.Namespace) -> int:

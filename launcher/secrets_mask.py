@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -16,11 +17,52 @@ def looks_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
+# Env variables that carry a command line as a JSON list (see launcher.plan.node_env).
+ARGV_VARIABLES = ("LAUNCHER_ARGS", "LAUNCHER_START_OPTIONS")
+
+
+def mask_argv(tokens: list[str]) -> list[str]:
+    """``--hf-token X`` and ``--password=X`` with their values masked; other tokens as they are."""
+    masked: list[str] = []
+    hide_next = False
+    for token in tokens:
+        if hide_next:
+            masked.append(MASK)
+            hide_next = False
+            continue
+        name, equals, _ = token.partition("=")
+        secret_option = token.startswith("-") and looks_secret(name.lstrip("-").replace("-", "_"))
+        if secret_option and equals:
+            masked.append(f"{name}={MASK}")
+        else:
+            masked.append(token)
+            hide_next = secret_option
+    return masked
+
+
+def _mask_argv_json(text: Any) -> Any:
+    try:
+        tokens = json.loads(text)
+    except (TypeError, ValueError):
+        return text
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        return text
+    return json.dumps(mask_argv(tokens), ensure_ascii=False)
+
+
 def mask(value: Any) -> Any:
-    """A copy of ``value`` in which every mapping entry whose key looks secret has its value masked."""
+    """A copy of ``value`` in which every mapping entry whose key looks secret has its value masked,
+    and so has every value that follows a secret-looking option in a command line."""
     if isinstance(value, dict):
-        return {k: (MASK if isinstance(k, str) and looks_secret(k) and v not in ("", None) else mask(v))
-                for k, v in value.items()}
+        masked = {}
+        for key, item in value.items():
+            if isinstance(key, str) and looks_secret(key) and item not in ("", None):
+                masked[key] = MASK
+            elif key in ARGV_VARIABLES:
+                masked[key] = _mask_argv_json(item)
+            else:
+                masked[key] = mask(item)
+        return masked
     if isinstance(value, list):
         return [mask(item) for item in value]
     return value

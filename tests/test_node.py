@@ -85,8 +85,8 @@ def test_rendezvous_timeout_names_the_missing_node(tmp_path):
         assert status["state"] == "failed" and "missing: t-worker-1" in status["reason"]
 
 
-@pytest.mark.parametrize("how,code,reason", [("exit", 7, "training exited with status 7"),
-                                             ("abort", 134, "a training process was killed by SIGABRT")])
+@pytest.mark.parametrize("how,code,reason", [("exit", 7, "rank 1 exited with status 7"),
+                                             ("abort", 134, "rank 1 killed by SIGABRT")])
 def test_a_failing_node_stops_its_peers_and_keeps_its_logs(tmp_path, how, code, reason):
     spec = write_spec(tmp_path, FOREVER, nodes=3)
     cluster = Cluster(spec, env={"FAIL_RANK": "1", "FAIL_HOW": how})

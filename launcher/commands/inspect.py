@@ -39,7 +39,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "result": view.result,
                    "work_dir": info.run_url, "nodes": {n: view.statuses.get(n) for n in info.nodes},
-                   "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure()},
+                   "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
+                   "stopped_because_of_it": view.victims()},
                   sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:

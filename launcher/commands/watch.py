@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import json
 import re
 import sys
@@ -45,7 +46,7 @@ class LogFollower:
     """
 
     def __init__(self, info: RunInfo, out: TextIO, *, nodes: list[str] | None = None, since: float | None = None,
-                 tail: int | None = None):
+                 tail: int | None = None, verbose: bool = False):
         unknown = sorted(set(nodes or ()) - set(info.nodes))
         if unknown:
             raise BadInput(f"no node {', '.join(unknown)} in run {info.run_id}; nodes: {', '.join(info.nodes)}")
@@ -59,6 +60,8 @@ class LogFollower:
         self.colour = out.isatty()
         self.width = max(len(n) for n in self.nodes)
         self._order = {name: index for index, name in enumerate(info.nodes)}
+        self.verbose = verbose  # torchrun's own messages too
+        self._progress_open = False  # a progress line is on screen, to be replaced or ended
 
     def prefix(self, node: str, rank: int | None) -> str:
         label = f"[{node:<{self.width}} r{'?' if rank is None else rank}]"
@@ -95,7 +98,9 @@ class LogFollower:
             chunks.setdefault(node, []).append((seq, key))
         return {node: [key for _, key in sorted(keys)] for node, keys in chunks.items()}
 
-    def _records(self, node: str, keys: list[str]) -> Iterator[tuple[float, int, dict]]:
+    def _records(self, node: str, keys: list[str]) -> Iterator[tuple[float, int, int, str, dict]]:
+        order = self._order[node]
+        sequence = itertools.count()  # unique per stream: the merge never compares two records
         for key in keys:
             data = self.run.get(f"{LOGS_PREFIX}/{key}")
             if data is None:  # listed but not readable yet: stop here, keep order, retry next poll
@@ -108,21 +113,43 @@ class LogFollower:
                 except (ValueError, KeyError, TypeError):
                     continue  # a damaged line in the store must not stop the stream
                 if self.since is None or stamp >= self.since:
-                    yield stamp, self._order[node], {**record, "node": node}
+                    yield stamp, order, next(sequence), node, record
 
     def poll(self, view: RunView | None) -> int:
         """Print lines from chunks not read yet; return how many lines were printed."""
         streams = [self._records(node, keys) for node, keys in self._new_chunks().items()]
-        merged: Iterable[tuple[float, int, dict]] = heapq.merge(*streams, key=lambda item: (item[0], item[1]))
+        merged: Iterable[tuple[float, int, int, str, dict]] = (
+            streams[0] if len(streams) == 1 else heapq.merge(*streams))
         if self.tail is not None:
             merged, self.tail = collections.deque(merged, maxlen=self.tail), None
+        prefixes: dict[tuple[str, int | None], str] = {}
+        parts: list[str] = []
         count = 0
-        for _, _, record in merged:
-            node = record["node"]
-            rank = view.rank_of(node) if view else None
-            text = record.get("m", "") if record.get("s") != "node" else f"[launcher] {record.get('m', '')}"
-            self.out.write(f"{self.prefix(node, rank)} {text}\n")
+        for _, _, _, node, record in merged:
+            stream = record.get("s")
+            if stream == "torchrun" and not self.verbose:
+                continue
+            rank = record.get("r")
+            if not isinstance(rank, int):
+                rank = view.rank_of(node) if view else None
+            prefix = prefixes.get((node, rank))
+            if prefix is None:
+                prefix = prefixes[(node, rank)] = self.prefix(node, rank)
+            text = str(record.get("m", ""))
+            if stream in ("node", "torchrun"):
+                text = f"[{'launcher' if stream == 'node' else 'torchrun'}] {text}"
+            if stream == "progress" and self.colour:  # a terminal: update the line in place
+                parts.append(f"\r{prefix} {text}\x1b[K")
+                self._progress_open = True
+            else:
+                parts.append(f"{chr(10) if self._progress_open else ''}{prefix} {text}\n")
+                self._progress_open = False
             count += 1
+            if len(parts) >= 4096:
+                self.out.write("".join(parts))
+                parts.clear()
+        if parts:
+            self.out.write("".join(parts))
         if count:
             self.out.flush()
         return count
@@ -132,7 +159,7 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
            since: float | None = None, tail: int | None = None, keep_following: bool = True,
            verbose: bool = False, out: TextIO = sys.stdout) -> int:
     backend = backend or backend_for(info.backend, "local")
-    follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail)
+    follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
     while True:

@@ -16,6 +16,11 @@ CONTROL_PREFIX = "control"
 CANCEL = "cancel"
 
 
+def node_label(node: str, rank: int | None) -> str:
+    """``node w-1 (rank 2)``; just ``node w-1`` before it had a rank."""
+    return f"node {node}" if rank is None else f"node {node} (rank {rank})"
+
+
 def failure_key(node: str) -> str:
     return f"{CONTROL_PREFIX}/failed.{node}.json"
 
@@ -56,6 +61,6 @@ class ControlWatch:
         for name in names:
             if name.startswith("failed.") and name != f"failed.{self.node}.json":
                 peer = json.loads(self.run.get(f"{CONTROL_PREFIX}/{name}") or b"{}")
-                return StopRequest("failed", f"stopped because node {peer.get('node', name)} (rank "
-                                   f"{peer.get('rank')}) failed with exit code {peer.get('exit_code')}")
+                return StopRequest("failed", f"stopped because {node_label(peer.get('node', name), peer.get('rank'))} "
+                                   f"failed with exit code {peer.get('exit_code')}")
         return None

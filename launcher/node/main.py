@@ -8,22 +8,28 @@ dir cannot be reached.
 
 from __future__ import annotations
 
+import collections
 import os
-import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import IO
 
 from launcher.gpus import accelerator_report, visible_gpus
 from launcher.node import outputs as outputs_mod
+from launcher.node.cause import Cause, from_traceback
+from launcher.node.cause import describe as describe_cause
+from launcher.node.cause import from_torchrun as cause_from_torchrun
 from launcher.node.control import ControlWatch, StopRequest, record_failure
-from launcher.node.exits import killed_by, signal_name
+from launcher.node.exits import signal_name
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, own_address
+from launcher.node.ranklogs import RankLogs
 from launcher.node.rendezvous import (DECISION_KEY, Decision, RendezvousError, RendezvousStopped,
                                       RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
@@ -37,8 +43,6 @@ EXIT_BAD_ENV = 2
 EXIT_STORE = 3
 HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
-# torchrun exits 1 whatever its child returned; its failure summary names the child's status.
-CHILD_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
 class TooFewGpus(Exception):
@@ -63,7 +67,7 @@ class Node:
         self.proc: subprocess.Popen | None = None
         self.stop_request: StopRequest | None = None
         self.rank: int | None = None
-        self.child_exit_code: int | None = None
+        self.torchrun_output: collections.deque[str] = collections.deque(maxlen=400)
         self.processes = 1
 
     def say(self, message: str) -> None:
@@ -135,10 +139,11 @@ class Node:
                              "use processesPerNode: auto or at most the GPU count")
         return wanted
 
-    def _progress(self, registered: list[str], missing: list[str]) -> None:
+    def _progress(self, registered: list[str], missing: list[str], waited: float) -> None:
         total = len(registered) + len(missing)
         waiting = f", waiting for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}" if missing else ""
-        self.say(f"{len(registered)}/{total} nodes registered{waiting}")
+        timing = f" after {waited:.0f}s of {self.settings.rendezvous_timeout:g}s" if waited >= 1 else ""
+        self.say(f"{len(registered)}/{plural(total, 'node')} registered{timing}{waiting}")
 
     def _restore(self, previous_url: str) -> None:
         previous = WorkDir(previous_url)
@@ -156,13 +161,17 @@ class Node:
 
         settings = self.settings
         os.makedirs(settings.outputs_dir, exist_ok=True)
-        argv = torchrun_argv(decision, settings, self.processes, wait_seconds=settings.rendezvous_timeout)
+        log_dir = tempfile.mkdtemp(prefix=f"launcher-{settings.node}-torchrun-")
+        argv = torchrun_argv(decision, settings, self.processes, log_dir=log_dir,
+                             wait_seconds=settings.rendezvous_timeout)
         self.say(f"starting: {shlex.join(argv)}")
         self.proc = subprocess.Popen(argv, env=training_env(os.environ, decision, settings, self.processes),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_die_with_parent())
-        readers = [threading.Thread(target=self._pump, args=(self.proc.stdout, "out", sys.stdout), daemon=True),
-                   threading.Thread(target=self._pump, args=(self.proc.stderr, "err", sys.stderr), daemon=True)]
+        node_rank = decision.ranks.get(settings.node) if decision.mode == "static" else None
+        rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, global_rank=lambda local: (
+            None if node_rank is None else node_rank * self.processes + local)).start()
+        readers = [threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)]
         for reader in readers:
             reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid)
@@ -190,6 +199,8 @@ class Node:
         exited.close()
         for reader in readers:
             reader.join(timeout=10)
+        rank_logs.close()
+        shutil.rmtree(log_dir, ignore_errors=True)
         synced = sync.sync()
         if synced:
             self.say(f"synced {synced} output files to {self.run.url}/outputs/{settings.node}/")
@@ -208,15 +219,21 @@ class Node:
             reason = (f"the main node {decision.main} did not open {decision.master_addr}:{decision.master_port} "
                       f"within {settings.rendezvous_timeout:g}s")
             return self._finish("failed", reason, EXIT_PEER_FAILED, mark_failed=True)
-        reason = f"training exited with status {code}"
-        if self.child_exit_code is not None and self.child_exit_code > 0:
-            code = self.child_exit_code
-            reason = f"training exited with status {code}"
-        elif self.child_exit_code is not None and self.child_exit_code < 0:
-            signum = -self.child_exit_code
-            code = killed_by(signum)
-            reason = f"a training process was killed by {signal_name(signum)}"
-        return self._finish("failed", reason, code, mark_failed=True)
+        cause = self._cause(rank_logs)
+        code = cause.exit_code if cause.exit_code else code
+        return self._finish("failed", describe_cause(cause.to_dict()), code, mark_failed=True,
+                            details={"cause": cause.to_dict()})
+
+    def _cause(self, rank_logs: RankLogs) -> Cause:
+        """The failing rank and why, from torchrun's report and that rank's own stderr."""
+        cause = cause_from_torchrun(self.torchrun_output)
+        if cause.local_rank is not None:
+            tail = list(rank_logs.stderr_tails.get(cause.local_rank, ()))
+            cause.stderr_tail = tail[-10:]
+            if cause.exception is None:
+                cause.exception, frame = from_traceback(tail)
+                cause.frame = cause.frame or frame
+        return cause
 
     def _control_check(self, force: bool = False) -> StopRequest | None:
         try:
@@ -225,15 +242,15 @@ class Node:
             self.say(f"could not read the run's control markers: {exc}")
             return None
 
-    def _pump(self, pipe: IO[bytes], stream: str, console: IO[str]) -> None:
+    def _pump_torchrun(self, pipe: IO[bytes]) -> None:
+        """torchrun's own messages (the training processes write to files, see RankLogs): kept for
+        the cause of a failure and in the work dir as stream ``torchrun``, shown to users only with -v."""
         for raw in iter(pipe.readline, b""):
-            console.buffer.write(raw)
-            console.flush()
+            sys.stdout.buffer.write(raw)
+            sys.stdout.flush()
             text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            self.shipper.add(stream, text)
-            match = CHILD_EXIT.search(text) if stream == "err" and self.child_exit_code is None else None
-            if match:
-                self.child_exit_code = int(match.group(1))
+            self.torchrun_output.append(text)
+            self.shipper.add("torchrun", text)
         pipe.close()
 
     def _terminate(self) -> int:
@@ -248,15 +265,16 @@ class Node:
         except ProcessLookupError:
             return self.proc.wait()
 
-    def _finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False) -> int:
+    def _finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False,
+                details: dict | None = None) -> int:
         if mark_failed:  # first, so peers stop as early as possible
             try:
-                record_failure(self.run, self.settings.node, self.rank, exit_code, reason or state)
+                record_failure(self.run, self.settings.node, self.rank, exit_code, reason or state, details)
             except StoreError:
                 pass
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
         self.shipper.flush()  # every log line is in the work dir before the final status says so
-        self.status.update(state=state, reason=reason, exit_code=exit_code)
+        self.status.update(state=state, reason=reason, exit_code=exit_code, **(details or {}))
         return exit_code
 
 

@@ -27,6 +27,7 @@ from launcher.node.control import ControlWatch, StopRequest
 from launcher.node.store import WorkDir
 
 DECISION_KEY = "rendezvous.json"
+PROGRESS_EVERY_SECONDS = 30.0  # while waiting, who is missing is said at least this often
 NODES_PREFIX = "nodes"
 
 
@@ -147,7 +148,7 @@ def decide_static(registered: dict[str, Listed], order: Sequence[str]) -> Decisi
 
 def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *, timeout: float,
                    elastic_min: int | None = None, policy: PollPolicy | None = None,
-                   progress: Callable[[list[str], list[str]], None] | None = None) -> Decision:
+                   progress: Callable[[list[str], list[str], float], None] | None = None) -> Decision:
     """Register ``me`` and return the run's decision once there is one; raise on timeout or cancel."""
     policy = policy or PollPolicy.for_store(store)
     control = ControlWatch(store, me.name)
@@ -155,6 +156,7 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
     started = time.monotonic()
     deadline = started + timeout
     next_list = started  # list at once: the last node to register decides without waiting
+    next_progress = started + PROGRESS_EVERY_SECONDS
     seen: tuple[list[str], list[str]] | None = None
     expected_set = set(expected)
     for delay in policy.delays():
@@ -172,12 +174,16 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
             missing = [name for name in expected if name not in registered]
             if progress and seen != (sorted(registered), missing):
                 seen = (sorted(registered), missing)
-                progress(*seen)
+                next_progress = now + PROGRESS_EVERY_SECONDS
+                progress(*seen, now - started)
             needed = elastic_min if elastic_min is not None else len(expected)
             if len(registered) >= needed:
                 return _publish(store, registered, expected, elastic=elastic_min is not None)
             if timed_out:
                 raise RendezvousTimeout(missing, len(registered), len(expected), timeout)
+        if progress and seen and now >= next_progress:  # still waiting: say so, with the last listing
+            next_progress = now + PROGRESS_EVERY_SECONDS
+            progress(*seen, now - started)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic()) + 0.01))
     raise AssertionError("unreachable")
 

@@ -56,14 +56,16 @@ def training_env(base: Mapping[str, str], decision: Decision, settings: NodeSett
     return env
 
 
-def torchrun_argv(decision: Decision, settings: NodeSettings, processes: int, *, wait_seconds: float) -> list[str]:
+def torchrun_argv(decision: Decision, settings: NodeSettings, processes: int, *, log_dir: str,
+                  wait_seconds: float) -> list[str]:
     """torchrun's command line; on workers wrapped so it starts once the main's port answers."""
     if decision.main == settings.node:
         argv = [sys.executable, "-m", "torch.distributed.run"]
     else:
         argv = [sys.executable, "-m", "launcher.node.torchrun_shim", decision.master_addr,
                 str(decision.master_port), f"{wait_seconds:g}", "--"]
-    argv += ["--nproc-per-node", str(processes)]
+    # Each training process writes to its own files under log_dir (read back by launcher.node.ranklogs).
+    argv += ["--nproc-per-node", str(processes), "--redirects", "3", "--log-dir", log_dir]
     if decision.mode == "static":
         argv += ["--nnodes", str(len(decision.ranks)), "--node-rank", str(decision.ranks[settings.node]),
                  "--master-addr", decision.master_addr, "--master-port", str(decision.master_port)]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.backends.base import Backend, NodeFate
-from launcher.node.control import CONTROL_PREFIX, record_failure
+from launcher.node.control import CONTROL_PREFIX, node_label, record_failure
 from launcher.node.rendezvous import DECISION_KEY
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
@@ -79,6 +79,12 @@ class RunView:
         if self.decision and node in self.decision.get("ranks", {}):
             return self.decision["ranks"][node]
         return self.statuses.get(node, {}).get("rank")
+
+    def victims(self) -> list[str]:
+        """Nodes stopped because another failed first (their own errors are consequences, not causes)."""
+        root = (self.root_failure() or {}).get("node")
+        return [name for name in self.info.nodes if name != root
+                and str(self.statuses.get(name, {}).get("reason") or "").startswith("stopped because")]
 
     def root_failure(self) -> dict[str, Any] | None:
         """The first node that failed on its own (not stopped because of another), or was lost."""
@@ -157,11 +163,14 @@ def closing_line(view: RunView) -> str:
         if root is None:
             return f"run {run_id} failed"
         status = "" if root.get("exit_code") is None else f" with status {root.get('exit_code')}"
-        line = f"run {run_id} failed: node {root.get('node')} (rank {root.get('rank')}) exited{status}: " \
-               f"{root.get('reason')}"
+        line = f"run {run_id} failed: {node_label(root.get('node'), root.get('rank'))} exited{status}\n" \
+               f"  cause: {root.get('reason')}"
         if root.get("console_log"):
             tail = "".join(f"\n  | {text}" for text in root.get("last_output") or [])
             line += f"\n  it did not report its end; its console log is {root['console_log']}{tail}"
+        victims = view.victims()
+        if victims:
+            line += "\n  stopped because of it: " + ", ".join(node_label(n, view.rank_of(n)) for n in victims)
         return line
     if result == "succeeded":
         return f"run {run_id} succeeded; outputs are in {view.info.run_url}/outputs/"
