@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detach", action="store_true", help="return after submission instead of following the logs")
     p.add_argument("--resume-from", metavar="RUN", help="restore the outputs (checkpoints) of an earlier run first")
     p.add_argument("--run-id", help="use this run id instead of a new one (it must not have been used before)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="override any spec field, e.g. --set spec.cluster.spec.worker.replicas=3 (repeatable)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="add or replace an environment variable of every node (repeatable)")
+    p.add_argument("--nodes", type=_positive_int, metavar="N", help="total number of nodes (main + workers)")
+    p.epilog = "Arguments after -- replace the spec's runtime args: launcher run -f train.yaml -- --epochs 3"
     p.set_defaults(handler=_run)
 
     p = verbs.add_parser("compose", help="write a docker-compose file running the same cluster locally")
@@ -77,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=_non_negative_seconds, default=15.0,
                    help="seconds to wait before forcing (default 15)")
     p.set_defaults(handler=_cancel)
+
+    p = verbs.add_parser("clean", help="remove old runs' records and local temporary outputs")
+    p.add_argument("--older-than", default="7d", metavar="AGE", help="runs created longer ago than this "
+                   "(default 7d; seconds or a number with s, m, h, d)")
+    p.add_argument("--work-dir", action="store_true", help="also delete their data in the work dir "
+                   "(logs, statuses, outputs)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    p.set_defaults(handler=_clean)
 
     p = verbs.add_parser("list", help="recent runs")
     p.add_argument("-n", type=_positive_int, default=20, help="how many (default 20)")
@@ -117,15 +131,21 @@ def _validate(args: argparse.Namespace) -> int:
     from launcher.spec import load_spec
 
     spec = load_spec(args.file)
-    print(f"{args.file}: valid ({spec.cluster.node_count} nodes, infrastructure {spec.infra_type})")
+    for warning in spec.warnings:
+        print(f"{args.file}: warning: {warning}", file=sys.stderr)
+    nodes = spec.cluster.node_count
+    print(f"{args.file}: valid ({nodes} node{'s' if nodes != 1 else ''}, infrastructure {spec.infra_type})")
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
     from launcher.commands.run import run
+    from launcher.spec import Overrides
 
+    overrides = Overrides(sets=tuple(args.set), env=tuple(args.env), nodes=args.nodes,
+                          args=None if args.trailing is None else tuple(args.trailing))
     return run(args.file, backend=args.backend, dry_run=args.dry_run, output=args.output, detach=args.detach,
-               resume_from=args.resume_from, run_id=args.run_id, verbose=args.verbose)
+               resume_from=args.resume_from, run_id=args.run_id, verbose=args.verbose, overrides=overrides)
 
 
 def _compose(args: argparse.Namespace) -> int:
@@ -159,6 +179,12 @@ def _cancel(args: argparse.Namespace) -> int:
     return cancel(args.run, grace=args.grace)
 
 
+def _clean(args: argparse.Namespace) -> int:
+    from launcher.commands.clean import clean
+
+    return clean(args.older_than, work_dir=args.work_dir, dry_run=args.dry_run)
+
+
 def _list(args: argparse.Namespace) -> int:
     from launcher.commands.inspect import list_runs
 
@@ -167,7 +193,15 @@ def _list(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    trailing = None
+    if "--" in argv:  # everything after it is the training script's own arguments
+        split = argv.index("--")
+        argv, trailing = argv[:split], argv[split + 1:]
     args = parser.parse_args(argv)
+    if trailing is not None and args.verb != "run":
+        parser.error(f"arguments after -- are only for launcher run, not {args.verb}")
+    args.trailing = trailing
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

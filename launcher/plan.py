@@ -90,6 +90,7 @@ def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGr
         "LAUNCHER_NODE_GROUPS": json.dumps(cluster.group_sizes),
         "LAUNCHER_NPROC_PER_NODE": processes_text(cluster.processes_per_node),
         "LAUNCHER_ENTRYPOINT": spec.runtime.entry_point,
+        "LAUNCHER_ENTRY_KIND": spec.runtime.kind,
         "LAUNCHER_ARGS": json.dumps(list(spec.runtime.args), ensure_ascii=False),
         "LAUNCHER_START_OPTIONS": json.dumps(list(cluster.start_options), ensure_ascii=False),
         "LAUNCHER_RDZV_TIMEOUT": str(cluster.rendezvous_timeout),
@@ -100,6 +101,10 @@ def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGr
         env["LAUNCHER_ELASTIC"] = json.dumps({"minNodes": cluster.elastic.min_nodes,
                                               "maxNodes": cluster.elastic.max_nodes,
                                               "maxRestarts": cluster.elastic.max_restarts})
+    if cluster.max_runtime:
+        env["LAUNCHER_MAX_RUNTIME"] = str(cluster.max_runtime)
+    if cluster.hang_timeout:
+        env["LAUNCHER_HANG_TIMEOUT"] = str(cluster.hang_timeout)
     if cluster.outputs_dir:
         env["LAUNCHER_OUTPUTS_DIR"] = cluster.outputs_dir
     if resume_from:

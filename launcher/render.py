@@ -30,6 +30,8 @@ def dryrun_text(data: dict[str, Any], out: TextIO = sys.stdout) -> None:
               f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, work dir {data['work_dir']}\n")
     for note in data["notes"]:
         out.write(f"note: {note}\n")
+    if data.get("overrides"):
+        out.write(f"overrides: {' '.join(data['overrides'])}\n--- effective spec\n{to_yaml(data['effective_spec'])}")
     build = data["image_build"]
     if build:
         out.write(f"image build (`launcher build`): docker build -f {build['dockerfile']} -t {build['tag']} "

@@ -19,6 +19,8 @@ def looks_secret(name: str) -> bool:
 
 # Env variables that carry a command line as a JSON list (see launcher.plan.node_env).
 ARGV_VARIABLES = ("LAUNCHER_ARGS", "LAUNCHER_START_OPTIONS")
+# Spec fields that hold a command line as a list (runtime args, torchrun start options).
+ARGV_FIELDS = ("args", "startOptions")
 
 
 def mask_argv(tokens: list[str]) -> list[str]:
@@ -54,12 +56,16 @@ def mask(value: Any) -> Any:
     """A copy of ``value`` in which every mapping entry whose key looks secret has its value masked,
     and so has every value that follows a secret-looking option in a command line."""
     if isinstance(value, dict):
+        if isinstance(value.get("name"), str) and "value" in value and looks_secret(value["name"]):
+            return {**value, "value": MASK}  # an env list entry: {name: HF_TOKEN, value: ...}
         masked = {}
         for key, item in value.items():
             if isinstance(key, str) and looks_secret(key) and item not in ("", None):
                 masked[key] = MASK
             elif key in ARGV_VARIABLES:
                 masked[key] = _mask_argv_json(item)
+            elif key in ARGV_FIELDS and isinstance(item, list):
+                masked[key] = mask_argv([str(token) for token in item])
             else:
                 masked[key] = mask(item)
         return masked

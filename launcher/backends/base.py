@@ -55,6 +55,8 @@ class DryRun:
             "requests": [{"operation": r.operation, "target": r.target, "body": r.body} for r in self.requests],
             "nodes": [{"name": n.name, "image": n.image, "command": list(n.command), "env": dict(n.env)}
                       for n in self.plan.nodes],
+            **({"overrides": list(self.plan.spec.overrides), "effective_spec": self.plan.spec.data}
+               if self.plan.spec.overrides else {}),
         }
 
 
@@ -81,7 +83,7 @@ class Backend(ABC):
         devices, device_notes = self.node_devices(spec)
         plan = make_plan(spec, work_dir=work_dir, node_command=self.node_command, run_id=run_id,
                          resume_from=resume_from, extra_env=self.node_env_extra(spec), node_extra_env=devices)
-        notes = notes + device_notes
+        notes = notes + device_notes + [f"warning: {warning}" for warning in spec.warnings]
         if spec.cluster.processes_per_node is None:
             notes.append("processesPerNode: auto is decided on each node (one training process per GPU it "
                          "sees, 1 without GPUs); WORLD_SIZE follows")

@@ -33,7 +33,8 @@ class OciBackend(Backend):
             "projectId": infra.project_id,
             "compartmentId": infra.compartment_id,
             "displayName": f"{infra.display_name}-{plan.run_id}",
-            "jobConfigurationDetails": {"jobType": "DEFAULT", "environmentVariables": {}},
+            "jobConfigurationDetails": {"jobType": "DEFAULT", "environmentVariables": {},
+                                        **_max_runtime(spec.cluster.max_runtime)},
             "jobInfrastructureConfigurationDetails": _infrastructure(infra),
             "jobEnvironmentConfigurationDetails": {
                 "jobEnvironmentType": "OCIR_CONTAINER",
@@ -81,3 +82,8 @@ def _infrastructure(infra: DataScienceJobInfra) -> dict[str, Any]:
         details["jobShapeConfigDetails"] = shape
     return details
 
+
+
+def _max_runtime(seconds: int | None) -> dict[str, Any]:
+    """OCI stops a job run after maximumRuntimeInMinutes; the nodes enforce maxRuntime themselves too."""
+    return {"maximumRuntimeInMinutes": -(-seconds // 60)} if seconds else {}

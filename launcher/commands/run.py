@@ -9,20 +9,20 @@ from launcher import render
 from launcher.backends import backend_for
 from launcher.errors import BadInput
 from launcher.secrets_mask import mask
-from launcher.spec import load_spec
+from launcher.spec import Overrides, load_spec
 
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: bool, resume_from: str | None,
-        run_id: str | None, verbose: bool) -> int:
+        run_id: str | None, verbose: bool, overrides: Overrides | None = None) -> int:
     if output != "text" and not dry_run:
         raise BadInput(f"--output {output} is for --dry-run; for a machine-readable view of a run use "
                        "launcher status RUN --json")
     if run_id is not None and not RUN_ID.fullmatch(run_id):
         raise BadInput(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
-    spec = load_spec(file)
+    spec = load_spec(file, overrides)
     chosen = backend_for(backend, spec.infra_type)
     resume_url = None
     if resume_from:

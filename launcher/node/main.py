@@ -1,7 +1,8 @@
 """The node program: register, learn the rank, run torchrun, report, and never hang silently.
 
 Exit status: 0 training succeeded; torchrun's exit status when training failed here;
-1 when stopped because a peer failed or the rendezvous timed out; 130 when cancelled;
+1 when stopped because a peer failed or the rendezvous timed out; 124 when maxRuntime was
+exceeded or training hung (hangTimeout); 130 when cancelled;
 2 for a malformed environment or fewer GPUs than processesPerNode asks for; 3 when the work
 dir cannot be reached.
 """
@@ -41,6 +42,7 @@ EXIT_PEER_FAILED = 1
 EXIT_CANCELLED = 130
 EXIT_BAD_ENV = 2
 EXIT_STORE = 3
+EXIT_TIMED_OUT = 124  # maxRuntime or the hang watchdog, as timeout(1) reports it
 HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
 
@@ -69,6 +71,7 @@ class Node:
         self.rank: int | None = None
         self.torchrun_output: collections.deque[str] = collections.deque(maxlen=400)
         self.processes = 1
+        self.started = time.monotonic()
 
     def say(self, message: str) -> None:
         print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
@@ -179,10 +182,17 @@ class Node:
         next_sync = time.monotonic() + settings.outputs_sync_interval
         next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
         code = None
+        own_failure: str | None = None  # maxRuntime or the hang watchdog: this node is the cause
+        training_started = time.monotonic()
         exited = _ExitEvent(self.proc.pid)
         while code is None:
             if exited.wait(0.5):  # wakes when torchrun exits, or after 0.5 s for the periodic duties
                 code = self.proc.wait()
+                break
+            own_failure = self._limits(rank_logs, training_started)
+            if own_failure:
+                self.say(f"stopping training: {own_failure}")
+                code = self._terminate()
                 break
             self.stop_request = self.stop_request or self._control_check()
             if self.stop_request:
@@ -206,6 +216,8 @@ class Node:
             self.say(f"synced {synced} output files to {self.run.url}/outputs/{settings.node}/")
         if settings.outputs_temporary:  # every file is in the work dir now
             outputs_mod.remove_temporary(settings.outputs_dir)
+        if own_failure:
+            return self._finish("failed", own_failure, EXIT_TIMED_OUT, mark_failed=True)
         if code != 0 and self.stop_request is None:
             # Did training fail because the run was cancelled or a peer failed first? Then that is the cause.
             self.stop_request = self._control_check(force=True)
@@ -223,6 +235,22 @@ class Node:
         code = cause.exit_code if cause.exit_code else code
         return self._finish("failed", describe_cause(cause.to_dict()), code, mark_failed=True,
                             details={"cause": cause.to_dict()})
+
+    def _limits(self, rank_logs: RankLogs, training_started: float) -> str | None:
+        """Why this node must stop the run now: maxRuntime reached, or every training process silent."""
+        settings = self.settings
+        now = time.monotonic()
+        if settings.max_runtime and now - self.started >= settings.max_runtime:
+            return f"exceeded max runtime ({settings.max_runtime:g}s)"
+        if settings.hang_timeout:
+            silent = [local for local in range(self.processes)
+                      if now - rank_logs.last_output.get(local, training_started) >= settings.hang_timeout]
+            if len(silent) == self.processes:
+                ranks = ", ".join(str(rank_logs.global_rank(local) if rank_logs.global_rank(local) is not None
+                                      else f"local {local}") for local in silent)
+                return (f"hung: no training process wrote a line for {settings.hang_timeout:g}s "
+                        f"(silent ranks: {ranks})")
+        return None
 
     def _cause(self, rank_logs: RankLogs) -> Cause:
         """The failing rank and why, from torchrun's report and that rank's own stderr."""

@@ -23,6 +23,7 @@ class NodeSettings:
     nodes: tuple[str, ...]
     nproc_per_node: int | None  # None: auto, one per GPU this node sees
     entry_point: str
+    entry_kind: str  # script | module | executable
     args: tuple[str, ...]
     start_options: tuple[str, ...]
     rendezvous_timeout: float
@@ -31,6 +32,8 @@ class NodeSettings:
     outputs_temporary: bool  # launcher chose the directory: removed once its files are in the work dir
     outputs_sync_interval: float
     elastic: dict | None
+    max_runtime: float | None  # seconds from the node's start, then the run fails
+    hang_timeout: float | None  # seconds without a line from any training process, then the run fails
     resume_from: str | None
 
     @property
@@ -65,6 +68,9 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
             nodes=nodes,
             nproc_per_node=_processes(env.get("LAUNCHER_NPROC_PER_NODE", "1")),
             entry_point=need("LAUNCHER_ENTRYPOINT"),
+            entry_kind=_entry_kind(env.get("LAUNCHER_ENTRY_KIND", "script")),
+            max_runtime=float(env["LAUNCHER_MAX_RUNTIME"]) if env.get("LAUNCHER_MAX_RUNTIME") else None,
+            hang_timeout=float(env["LAUNCHER_HANG_TIMEOUT"]) if env.get("LAUNCHER_HANG_TIMEOUT") else None,
             args=tuple(json.loads(env.get("LAUNCHER_ARGS", "[]"))),
             start_options=tuple(json.loads(env.get("LAUNCHER_START_OPTIONS", "[]"))),
             rendezvous_timeout=float(env.get("LAUNCHER_RDZV_TIMEOUT", "600")),
@@ -86,3 +92,9 @@ def _processes(text: str) -> int | None:
     if value < 1:
         raise ValueError(f"LAUNCHER_NPROC_PER_NODE must be auto or >= 1, not {text!r}")
     return value
+
+
+def _entry_kind(text: str) -> str:
+    if text not in ("script", "module", "executable"):
+        raise ValueError(f"LAUNCHER_ENTRY_KIND must be script, module or executable, not {text!r}")
+    return text

@@ -177,6 +177,16 @@ class WorkDir:
 
         return self._call(f"{'find' if recursive else 'list'} {prefix}", attempt)
 
+    def remove_all(self) -> None:
+        """Delete this run's whole directory. Only ``launcher clean`` does this: nodes never delete."""
+        def attempt() -> None:
+            try:
+                self.fs.rm(self.root, recursive=True)
+            except FileNotFoundError:
+                pass
+
+        self._call("remove the run's data", attempt)
+
     def upload(self, local_path: str, key: str) -> None:
         with open(local_path, "rb") as handle:
             data = handle.read()

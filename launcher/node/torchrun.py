@@ -76,4 +76,15 @@ def torchrun_argv(decision: Decision, settings: NodeSettings, processes: int, *,
                  "--max-restarts", str(elastic.get("maxRestarts", 0)),
                  "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{decision.master_addr}:{decision.master_port}",
                  "--rdzv-id", settings.run_id, "--rdzv-conf", f"is_host={is_host}"]
-    return argv + list(settings.start_options) + [settings.entry_point] + list(settings.args)
+    return argv + list(settings.start_options) + entry_argv(settings) + list(settings.args)
+
+
+def entry_argv(settings: NodeSettings) -> list[str]:
+    """torchrun's view of the entry point: a script, ``--module NAME``, or ``--no-python PROGRAM``."""
+    if settings.entry_kind == "module":
+        return ["--module", settings.entry_point]
+    if settings.entry_kind == "executable":
+        program = settings.entry_point
+        # exec looks a bare name up on PATH; the program is in the code directory
+        return ["--no-python", program if "/" in program else f"./{program}"]
+    return [settings.entry_point]

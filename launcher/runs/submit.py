@@ -17,6 +17,7 @@ from launcher.backends.base import Backend, DryRun
 from launcher.errors import BadInput
 from launcher.runs import state
 from launcher.runs.preflight import check_work_dir
+from launcher.secrets_mask import mask
 
 INTERRUPT_GRACE_SECONDS = 10.0
 
@@ -41,7 +42,8 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
     info = state.RunInfo(run_id=plan.run_id, backend=backend.name, work_dir=plan.work_dir,
                          nodes=plan.node_names, spec_file=str(plan.spec.source or ""),
                          spec_digest=plan.spec.digest, created_at=time.time(),
-                         processes_per_node=plan.spec.cluster.processes_per_node or "auto")
+                         processes_per_node=plan.spec.cluster.processes_per_node or "auto",
+                         overrides=list(plan.spec.overrides), effective_spec=mask(plan.spec.data))
     state_dir = state.runs_dir() / plan.run_id
     if state_dir.exists():
         raise BadInput(f"run id {plan.run_id} was used before (in {state_dir}); choose another")

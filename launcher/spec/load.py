@@ -5,14 +5,18 @@ All problems are reported at once as ``FILE:LINE:COL: path: message`` in a :clas
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from launcher.errors import BadInput, SpecError
 from launcher.spec import model, schema, yamlsafe
+from launcher.spec.overrides import Overrides, option_for
+from launcher.spec.overrides import apply as apply_overrides
 
 
-def load_spec(path: str | os.PathLike) -> model.Spec:
+def load_spec(path: str | os.PathLike, overrides: Overrides | None = None) -> model.Spec:
+    """The spec in ``path`` with command-line ``overrides`` applied, validated as one."""
     file = Path(path)
     text = _read(file)
     label = str(path)
@@ -21,19 +25,25 @@ def load_spec(path: str | os.PathLike) -> model.Spec:
     except yamlsafe.YamlProblems as exc:
         raise SpecError([f"{label}:{p.line}:{p.column}: {schema.format_path(p.path) + ': ' if p.path else ''}"
                          f"{p.message}" for p in exc.problems]) from None
-    return spec_from_located(located, label, file.resolve())
+    return spec_from_located(located, label, file.resolve(), overrides)
 
 
-def spec_from_located(located: yamlsafe.Located, label: str, source: Path | None) -> model.Spec:
+def spec_from_located(located: yamlsafe.Located, label: str, source: Path | None,
+                      overrides: Overrides | None = None) -> model.Spec:
     if not isinstance(located.data, dict):
         raise SpecError([f"{label}:1:1: the top level must be a mapping with kind, apiVersion and spec"])
+    changed = apply_overrides(located.data, overrides) if overrides else {}
     problems = schema.check(located.data)
     if not problems:
         spec, problems = model.build(located.data, source)
         if not problems:
-            return spec
+            return dataclasses.replace(spec, overrides=tuple(overrides.as_options())) if overrides else spec
     lines = []
     for problem in problems:
+        option = option_for(problem.path, changed)
+        if option:  # an overridden value: point at the option, not at a line it replaced
+            lines.append((0, 0, f"{option}: {schema.format_path(problem.path)}: {problem.message}"))
+            continue
         line, col = located.where(problem.path, key=problem.at_key)
         lines.append((line, col, f"{label}:{line}:{col}: {schema.format_path(problem.path)}: {problem.message}"))
     raise SpecError([text for _, _, text in sorted(lines, key=lambda item: item[:2])])

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import itertools
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -85,6 +88,8 @@ class Cluster:
     port: int
     outputs_dir: str | None
     outputs_sync_interval: int
+    max_runtime: int | None = None  # seconds
+    hang_timeout: int | None = None  # seconds
 
     @property
     def groups(self) -> tuple[NodeGroup, NodeGroup]:
@@ -106,9 +111,10 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Runtime:
-    entry_point: str
+    entry_point: str  # a script or executable path, or the module name when kind is "module"
     args: tuple[str, ...]
     env: tuple[EnvVar, ...]
+    kind: str = "script"  # script (python FILE) | module (python -m NAME) | executable (run as it is)
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,9 @@ class Spec:
     runtime: Runtime
     source: Path | None = None
     digest: str = field(default="", compare=False)
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    data: dict = field(default_factory=dict, compare=False, repr=False)  # the validated document, overrides applied
+    overrides: tuple[str, ...] = field(default=(), compare=False)  # the command-line options that changed it
 
     @property
     def base_dir(self) -> Path:
@@ -198,15 +207,63 @@ def build(data: dict, source: Path | None = None) -> tuple[Spec, list[Problem]]:
         port=cluster_data.get("port", 0),
         outputs_dir=cluster_data.get("outputsDir"),
         outputs_sync_interval=cluster_data.get("outputsSyncInterval", DEFAULT_OUTPUTS_SYNC_INTERVAL),
+        max_runtime=_duration(cluster_data, "maxRuntime", problems),
+        hang_timeout=_duration(cluster_data, "hangTimeout", problems),
     )
+    rt_path = ("spec", "runtime", "spec")
+    if "module" in runtime_data and "entryPoint" in runtime_data:
+        problems.append(Problem(rt_path + ("module",), "use either entryPoint (a file) or module (python -m), not both"))
+    entry = runtime_data.get("module") or runtime_data["entryPoint"]
+    kind = "module" if "module" in runtime_data else ("script" if entry.endswith(".py") else "executable")
     runtime = Runtime(
-        entry_point=runtime_data["entryPoint"],
+        entry_point=entry,
         args=tuple(as_text(a) for a in runtime_data.get("args") or ()) + tuple(_kwargs(runtime_data.get("kwargs"))),
         env=_env(runtime_data.get("env")),
+        kind=kind,
     )
+    base_dir = source.parent if source else Path.cwd()
+    warnings = tuple(entry_point_problems(runtime, base_dir))
     spec = Spec(name=name, infra_type=infra_data["type"], infra=_infra(infra_data["type"], infra_spec, name),
-                cluster=cluster, runtime=runtime, source=source, digest=digest(data))
+                cluster=cluster, runtime=runtime, source=source, digest=digest(data), warnings=warnings, data=data)
     return spec, problems
+
+
+MAX_DURATION_SECONDS = 30 * 86400
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: int | str) -> int:
+    """``3600``, ``"90m"``, ``"2h"`` -> seconds (schema-valid input)."""
+    if isinstance(value, int):
+        return value
+    text = value.strip()
+    return max(1, round(float(text[:-1]) * _UNITS[text[-1]]))
+
+
+def _duration(data: dict, key: str, problems: list[Problem]) -> int | None:
+    if key not in data:
+        return None
+    seconds = parse_duration(data[key])
+    if seconds > MAX_DURATION_SECONDS:
+        problems.append(Problem(("spec", "cluster", "spec", key), f"must be at most 30 days (got {data[key]!r})"))
+    return seconds
+
+
+def entry_point_problems(runtime: Runtime, code_dir: Path) -> list[str]:
+    """Why the entry point file will not start, when it is a relative path in the code directory."""
+    if runtime.kind == "module" or Path(runtime.entry_point).is_absolute():
+        return []
+    path = code_dir / runtime.entry_point
+    if not path.is_file():
+        nearby = [str(p.relative_to(code_dir)) for p in itertools.islice(code_dir.rglob("*"), 5000) if p.is_file()]
+        close = difflib.get_close_matches(runtime.entry_point, nearby, n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return [f"spec.runtime.spec.entryPoint: '{runtime.entry_point}' is not a file in the code directory "
+                f"{code_dir}{hint}"]
+    if runtime.kind == "executable" and not os.access(path, os.X_OK):
+        return [f"spec.runtime.spec.entryPoint: '{runtime.entry_point}' is run as a program (it does not end "
+                f"in .py) but is not executable: chmod +x {path}, and start it with a #! line"]
+    return []
 
 
 def _processes(value: int | str) -> int | None:

@@ -96,6 +96,8 @@ class LocalBackend(Backend):
         problem = self._capacity(dryrun.plan.spec)
         if problem:
             raise BadInput(f"{problem}; use fewer nodes or processes, or another backend")
+        if dryrun.plan.spec.warnings:  # local nodes run the code directory as it is: this would fail on every node
+            raise BadInput("\n".join(dryrun.plan.spec.warnings))
 
     def schedule(self, dryrun: DryRun, state_dir: str) -> dict[str, Any]:
         from launcher.backends.local.processes import start

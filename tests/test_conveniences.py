@@ -1,0 +1,158 @@
+"""Command-line overrides, entry points beyond a script, maxRuntime and the hang watchdog, and `clean`
+(issue 9, items 5-8), through the real CLI with real torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from clirun import info_of, run_id_from
+from cluster import write_spec
+from conftest import SEED_004, run_cli
+
+QUICK = """
+import os, sys
+print("hello from", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "args", sys.argv[1:],
+      "A", os.environ.get("A"), flush=True)
+"""
+
+
+def test_overrides_change_the_spec_and_are_validated_like_it(tmp_path):
+    spec = write_spec(tmp_path, QUICK, nodes=1, args=["--from-file"])
+    done = run_cli("run", "-f", str(spec), "--dry-run", "--output", "json", "--nodes", "4", "--env", "A=1",
+                   "--set", "spec.cluster.spec.rendezvousTimeout=30", "--", "--lr", "0.1")
+    assert done.returncode == 0, done.stderr
+    dry = json.loads(done.stdout)
+    assert len(dry["nodes"]) == 4
+    for node in dry["nodes"]:
+        env = node["env"]
+        assert env["A"] == "1" and env["LAUNCHER_RDZV_TIMEOUT"] == "30"
+        assert json.loads(env["LAUNCHER_ARGS"]) == ["--lr", "0.1"]
+    assert dry["overrides"] == ["--set spec.cluster.spec.rendezvousTimeout=30", "--env A=1", "--nodes 4",
+                                "-- --lr 0.1"]
+    assert dry["effective_spec"]["spec"]["cluster"]["spec"]["worker"]["replicas"] == 3
+    bad = run_cli("run", "-f", str(spec), "--dry-run", "--set", "spec.cluster.spec.port=99999",
+                  "--set", "spec.cluster.spec.prot=1")
+    assert bad.returncode == 2
+    assert ("--set spec.cluster.spec.port=99999: spec.cluster.spec.port: must be an integer from 0 to 65535"
+            in bad.stderr)
+    assert "--set spec.cluster.spec.prot=1: spec.cluster.spec.prot: unknown key 'prot'; did you mean 'port'?" \
+        in bad.stderr
+    assert run_cli("run", "-f", str(spec), "--dry-run", "--set", "no-equals-sign").returncode == 2
+    assert "only for launcher run" in run_cli("validate", "-f", str(spec), "--", "x").stderr
+
+
+def test_secret_overrides_are_masked_everywhere_they_are_shown(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, QUICK, nodes=1)
+    done = run_cli("run", "-f", str(spec), "--dry-run", "--env", "HF_TOKEN=hf_abcdef", "--", "--api-key", "k123")
+    assert done.returncode == 0
+    assert "hf_abcdef" not in done.stdout and "k123" not in done.stdout
+
+
+def test_a_run_with_overrides_records_the_effective_spec(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, QUICK, nodes=1)
+    done = run_cli("run", "-f", str(spec), "--nodes", "2", "--env", "A=7", "--", "--x", "y", cwd=tmp_path,
+                   timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(line.split("] ", 1)[1] for line in done.stdout.splitlines() if "hello from" in line)
+    assert lines == ["hello from 0 of 2 args ['--x', 'y'] A 7", "hello from 1 of 2 args ['--x', 'y'] A 7"]
+    info = info_of(launcher_home, run_id_from(done.stdout))
+    assert info["overrides"] == ["--env A=7", "--nodes 2", "-- --x y"]
+    assert info["effective_spec"]["spec"]["runtime"]["spec"]["args"] == ["--x", "y"]
+
+
+def test_module_and_executable_entry_points(tmp_path, launcher_home):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text("import os\nprint('module on rank', os.environ['RANK'], flush=True)\n")
+    spec = write_spec(tmp_path, QUICK, nodes=2)
+    data = yaml.safe_load(spec.read_text())
+    data["spec"]["runtime"]["spec"] = {"module": "pkg.train"}
+    spec.write_text(yaml.safe_dump(data))
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("module on rank") == 2
+
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/sh\necho \"shell on rank $RANK with $1\"\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    data["spec"]["runtime"]["spec"] = {"entryPoint": "run.sh", "args": ["it's"]}
+    spec.write_text(yaml.safe_dump(data))
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "shell on rank 1 with it's" in done.stdout
+
+
+def test_entry_point_checks(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, QUICK, nodes=2)
+    data = yaml.safe_load(spec.read_text())
+    data["spec"]["runtime"]["spec"]["entryPoint"] = "jbo.py"
+    spec.write_text(yaml.safe_dump(data))
+    checked = run_cli("validate", "-f", str(spec))
+    assert checked.returncode == 0 and "'jbo.py' is not a file in the code directory" in checked.stderr
+    assert "did you mean 'job.py'?" in checked.stderr
+    refused = run_cli("run", "-f", str(spec), cwd=tmp_path)
+    assert refused.returncode == 2 and "did you mean 'job.py'?" in refused.stderr
+    (tmp_path / "go.sh").write_text("#!/bin/sh\necho hi\n")
+    data["spec"]["runtime"]["spec"]["entryPoint"] = "go.sh"
+    spec.write_text(yaml.safe_dump(data))
+    assert "not executable: chmod +x" in run_cli("validate", "-f", str(spec)).stderr
+    data["spec"]["runtime"]["spec"]["module"] = "pkg.train"
+    spec.write_text(yaml.safe_dump(data))
+    both = run_cli("validate", "-f", str(spec))
+    assert both.returncode == 2 and "use either entryPoint (a file) or module (python -m), not both" in both.stderr
+    # Specs for the cloud whose code lives in the image still validate (a warning, not an error).
+    assert run_cli("validate", "-f", str(SEED_004)).returncode == 0
+
+
+def test_max_runtime_stops_the_run_as_failed(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, "import time\nprint('working', flush=True)\ntime.sleep(120)\n", nodes=2,
+                      extra_cluster={"maxRuntime": "4s"})
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stdout
+    assert "exited with status 124" in done.stdout and "cause: exceeded max runtime (4s)" in done.stdout
+    dry = run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "json", "--set",
+                  "spec.cluster.spec.maxRuntime=90m")
+    job = json.loads(dry.stdout)["requests"][0]["body"]
+    assert job["jobConfigurationDetails"]["maximumRuntimeInMinutes"] == 90
+
+
+def test_the_hang_watchdog_names_the_silent_ranks(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, "import time\nprint('one line, then silence', flush=True)\ntime.sleep(120)\n",
+                      nodes=2, extra_cluster={"hangTimeout": 3})
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stdout
+    assert "cause: hung: no training process wrote a line for 3s (silent ranks:" in done.stdout
+    status = json.loads(run_cli("status", run_id_from(done.stdout), "--json").stdout)
+    assert status["first_failure"]["exit_code"] == 124
+
+
+def test_clean_removes_old_runs_and_keeps_running_ones(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, QUICK, nodes=1)
+    finished = run_id_from(run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120).stdout)
+    slow = write_spec(tmp_path, "import time\nprint('working', flush=True)\ntime.sleep(120)\n", nodes=1)
+    running = run_id_from(run_cli("run", "-f", str(slow), "--detach", cwd=tmp_path).stdout)
+    temporary = Path(tempfile.gettempdir()) / "launcher" / finished
+    temporary.mkdir(parents=True, exist_ok=True)  # what a crashed node would have left
+    try:
+        preview = run_cli("clean", "--older-than", "0", "--work-dir", "--dry-run")
+        assert preview.returncode == 0, preview.stderr
+        assert f"would remove {launcher_home / 'runs' / finished}" in preview.stdout
+        assert f"kept {running}: it is running" in preview.stdout or f"kept {running}: it is pending" in preview.stdout
+        assert (launcher_home / "runs" / finished).is_dir() and temporary.is_dir()
+        cleaned = run_cli("clean", "--older-than", "0", "--work-dir")
+        assert cleaned.returncode == 0, cleaned.stdout
+        assert not (launcher_home / "runs" / finished).exists() and not temporary.exists()
+        assert not (tmp_path / "wd" / finished).exists()
+        assert (launcher_home / "runs" / running).is_dir() and (tmp_path / "wd" / running).is_dir()
+        assert finished not in run_cli("list").stdout
+        assert run_cli("clean").stdout.startswith("removed 0 runs older than 7d")
+    finally:
+        run_cli("cancel", running, timeout=60)
+    assert os.path.isdir(tmp_path)
