@@ -24,5 +24,5 @@ def write_compose(file: str, output: str, *, force: bool) -> int:
         return 0
     if not write_new_file(output, text, force=force):
         raise BadInput(f"{output} exists; use --force to overwrite it")
-    print(f"wrote {output} ({len(plan.nodes)} services)", file=sys.stderr)
+    print(f"wrote {output} ({len(plan.nodes)} service{'s' if len(plan.nodes) != 1 else ''})", file=sys.stderr)
     return 0

@@ -124,7 +124,7 @@ class Node:
         self.rank = decision.ranks.get(settings.node)
         self.status.update(rank=self.rank, main=decision.main)
         role = "main" if decision.main == settings.node else "worker"
-        place = (f"rank {self.rank} of {len(decision.ranks)} nodes" if decision.mode == "static"
+        place = (f"rank {self.rank} of {plural(len(decision.ranks), 'node')}" if decision.mode == "static"
                  else f"elastic, main {decision.main}; torchrun's c10d rendezvous assigns ranks")
         self.say(f"{role}: {place}; MASTER_ADDR={decision.master_addr} MASTER_PORT={decision.master_port}")
         if settings.resume_from:
@@ -177,7 +177,7 @@ class Node:
         readers = [threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)]
         for reader in readers:
             reader.start()
-        self.status.update(state="running", training_pgid=self.proc.pid)
+        self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)
         sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
         next_sync = time.monotonic() + settings.outputs_sync_interval
         next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS

@@ -107,7 +107,8 @@ class LocalBackend(Backend):
     def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
         from launcher.backends.local.processes import console_log_path, exit_record_path, read_processes
 
-        _, refs = read_processes(info.state_dir)
+        supervisor, refs = read_processes(info.state_dir)
+        recording = supervisor is not None and supervisor.running()
         fates = {}
         for name in info.nodes:
             console = str(console_log_path(info.state_dir, name))
@@ -120,7 +121,7 @@ class LocalBackend(Backend):
             ref = refs.get(name)
             if ref is None:
                 continue  # not started yet, as far as this machine knows
-            if ref.running():
+            if ref.running() or recording:  # a live supervisor is still saving what the node left
                 fates[name] = NodeFate(True, console_log=console)
             else:
                 fates[name] = NodeFate(False, None, "node process is gone and no exit was recorded for it "

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from launcher.backends.local.processes import (ProcessRef, console_log_path, exit_record_path,
                                                kill_groups, write_processes)
@@ -39,6 +41,11 @@ def record_on_behalf(run: WorkDir, name: str, returncode: int, console_log: str)
     # Same machine: save what the node could not. Its console holds every line it printed, also
     # those of its last seconds that never reached a log chunk.
     run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
+    if status.get("training_logs"):  # what its training processes wrote that the node had not read yet
+        logs = Path(status["training_logs"])
+        for path in sorted(logs.glob("*/attempt_*/*/std*.log")):
+            run.upload(str(path), f"{CONSOLE_PREFIX}/{name}/{path.relative_to(logs).as_posix()}")
+        shutil.rmtree(logs, ignore_errors=True)
     if status.get("outputs_dir"):
         OutputsSync(run, name, status["outputs_dir"]).sync()
     cancelled = CANCEL in run.list(CONTROL_PREFIX)
@@ -77,15 +84,18 @@ def main(state_dir: str, run_url: str) -> int:
         if name is None:
             continue
         returncode = os.waitstatus_to_exitcode(wait_status)
-        exit_code, reason = describe(returncode)
-        atomic_write(exit_record_path(state_dir, name),
-                     json.dumps({"returncode": returncode, "exit_code": exit_code, "reason": reason,
-                                 "at": time.time()}))
+        ended_at = time.time()
         print(f"{time.strftime('%H:%M:%S')} node {name} (pid {pid}) ended: {returncode}", file=sys.stderr, flush=True)
         try:
             record_on_behalf(run, name, returncode, str(console_log_path(state_dir, name)))
         except StoreError as exc:
             print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
+        finally:
+            # Written last: a reader that sees it knows the node's outputs and logs are saved, or never will be.
+            exit_code, reason = describe(returncode)
+            atomic_write(exit_record_path(state_dir, name),
+                         json.dumps({"returncode": returncode, "exit_code": exit_code, "reason": reason,
+                                     "at": ended_at}))
     return 0
 
 
