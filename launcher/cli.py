@@ -101,24 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
+def _at_least(convert: Callable[[str], float], minimum: float, what: str) -> Callable[[str], float]:
+    """An argparse type: ``convert`` the text and refuse values below ``minimum`` (or infinite)."""
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not minimum <= value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be at least {minimum:g}")
+        return value
+    return parse
 
 
-def _non_negative_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more seconds")
-    return value
+_positive_int = _at_least(int, 1, "a whole number")
+_non_negative_seconds = _at_least(float, 0, "a number of seconds")
 
 
 def _init(args: argparse.Namespace) -> int:

@@ -71,37 +71,36 @@ print("done", flush=True)
 """
 
 
-def summary_of(output: str) -> str:
-    return output[output.rindex("\nrun "):] if "\nrun " in output else output
+def run_failing(tmp_path, script: str, **spec_options) -> tuple[str, str]:
+    """Run a 2-node job that must fail; return its whole output and its closing summary."""
+    spec = write_spec(tmp_path, script, nodes=2, **spec_options)
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert done.returncode == 1, done.stdout + done.stderr
+    return done.stdout, done.stdout[done.stdout.rindex("\nrun "):]
 
 
 def test_an_exception_on_one_rank_is_the_summary(tmp_path, launcher_home):
-    spec = write_spec(tmp_path, RAISES, nodes=2)
-    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
-    assert done.returncode == 1
-    summary = summary_of(done.stdout)
+    output, summary = run_failing(tmp_path, RAISES)
     assert "failed: node t-worker-0 (rank 1) exited with status 1" in summary
     assert "cause: rank 1: ValueError: corrupt batch at step 2" in summary
     assert "job.py:5 in load_batch: raise ValueError" in summary
     assert "stopped because of it: node t-main (rank 0)" in summary
     # The user's own traceback is shown once; torchrun's report and launcher's frames are not.
-    assert done.stdout.count("Traceback (most recent call last)") == 1
+    assert output.count("Traceback (most recent call last)") == 1
     for noise in ("ChildFailedError", 'torchrun_shim.py"', "launcher/node/", "Root Cause"):
-        assert noise not in done.stdout, noise
-    status = json.loads(run_cli("status", run_id_from(done.stdout), "--json").stdout)
+        assert noise not in output, noise
+    run_id = run_id_from(output)
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
     cause = status["first_failure"]["cause"]
     assert cause["rank"] == 1 and cause["exception"] == "ValueError: corrupt batch at step 2"
     assert status["stopped_because_of_it"] == ["t-main"]
-    assert "cause: rank 1: ValueError" in run_cli("status", run_id_from(done.stdout)).stdout
-    verbose = run_cli("watch", run_id_from(done.stdout), "-v")
+    assert "cause: rank 1: ValueError" in run_cli("status", run_id).stdout
+    verbose = run_cli("watch", run_id, "-v")
     assert "[torchrun]" in verbose.stdout  # torchrun's own report is kept, shown on request
 
 
 def test_a_rank_killed_by_a_signal(tmp_path, launcher_home):
-    spec = write_spec(tmp_path, KILLED, nodes=2)
-    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
-    assert done.returncode == 1
-    summary = summary_of(done.stdout)
+    _, summary = run_failing(tmp_path, KILLED)
     assert "(rank 1) exited with status 137" in summary
     assert "cause: rank 1 killed by SIGKILL (often the out-of-memory killer)" in summary
 
@@ -120,24 +119,17 @@ def _memory_cgroup(tmp_name: str) -> Path:
 def test_a_real_out_of_memory_kill(tmp_path, launcher_home):
     group = _memory_cgroup(f"launcher-test-{os.getpid()}")
     try:
-        spec = write_spec(tmp_path, OOM, nodes=2, env=[{"name": "TEST_CGROUP", "value": str(group)}])
-        done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+        _, summary = run_failing(tmp_path, OOM, env=[{"name": "TEST_CGROUP", "value": str(group)}])
     finally:
         group.rmdir()
-    assert done.returncode == 1
-    assert int((tmp_path / "wd").exists())
-    summary = summary_of(done.stdout)
     assert "cause: rank 1 killed by SIGKILL (often the out-of-memory killer)" in summary
 
 
 def test_the_rank_hung_in_a_collective_is_a_victim_not_the_cause(tmp_path, launcher_home):
-    spec = write_spec(tmp_path, HANGS_WHILE_PEER_DIES, nodes=2)
-    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
-    assert done.returncode == 1
-    summary = summary_of(done.stdout)
+    output, summary = run_failing(tmp_path, HANGS_WHILE_PEER_DIES)
     assert "failed: node t-worker-0 (rank 1) exited with status 3" in summary
     assert "stopped because of it: node t-main (rank 0)" in summary
-    status = json.loads(run_cli("status", run_id_from(done.stdout), "--json").stdout)
+    status = json.loads(run_cli("status", run_id_from(output), "--json").stdout)
     assert status["first_failure"]["node"] == "t-worker-0"
 
 
