@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -173,3 +175,19 @@ def test_elastic_mode_uses_c10d_rendezvous_on_the_main(tmp_path):
     assert "--rdzv-backend c10d" in main_log and "is_host=true" in main_log
     assert sorted(l.split()[1] for n in cluster.nodes.values() for l in n.lines if "all_reduce ok" in l) == \
         ["0/2", "1/2"]
+
+
+def test_a_second_attempt_with_the_same_run_id_stops_at_once_and_writes_nothing(tmp_path):
+    """As a second `docker-compose up` of one file would: same run id, same node names."""
+    spec = write_spec(tmp_path, "print('first attempt')", nodes=1)
+    first = Cluster(spec)
+    assert first.wait(timeout=120) == {"t-main": 0}
+    before = sorted(p.relative_to(first.run.root) for p in Path(first.run.root).rglob("*"))
+    record = first.status("t-main")
+    node = first.plan.nodes[0]
+    again = subprocess.run(list(node.command), env={**os.environ, **node.env}, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 2
+    assert "its run id was used before" in again.stderr and "nothing was written" in again.stderr
+    assert sorted(p.relative_to(first.run.root) for p in Path(first.run.root).rglob("*")) == before
+    assert first.status("t-main") == record

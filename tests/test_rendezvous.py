@@ -88,7 +88,8 @@ def test_decision_is_a_pure_function_of_the_registrations():
     registered = {listed.name: listed for listed in map(parse_node_key, keys)}
     decision = decide_static(registered, order)
     assert decision == Decision(main="x", master_addr="10.1.1.0", master_port=100,
-                                ranks={"x": 0, "y": 1, "z.dotted-name": 2}, processes_per_node=4)
+                                ranks={"x": 0, "y": 1, "z.dotted-name": 2}, processes_per_node=4,
+                                nonces={"x": "00ff", "y": "0001", "z.dotted-name": "a000"})
     assert decision.to_bytes() == decide_static(dict(reversed(registered.items())), order).to_bytes()
     assert parse_node_key("0001~99~::1~2~ipv6-node.json").address == "::1"
     assert parse_node_key("0001~99~::1~2~ipv6-node.json").processes == 2
@@ -140,3 +141,11 @@ def test_transient_s3_errors_are_retried(moto, s3_bucket, monkeypatch):
     finally:
         proxy.stop()
     assert proxy.failed > 10 and proxy.forwarded > 10, (proxy.failed, proxy.forwarded)
+
+
+def test_a_decision_without_this_nodes_registration_is_refused(tmp_path):
+    """An earlier attempt with the same run id left its decision: a new node must not use it."""
+    store = WorkDir(str(tmp_path / "run"))
+    store.put("rendezvous.json", Decision("a", "10.0.0.9", 9, {"a": 0, "b": 1}, nonces={"a": "1", "b": "2"}).to_bytes())
+    with pytest.raises(RendezvousError, match="made without this node's registration"):
+        await_decision(store, Registration("b", "10.0.0.2", 2), ["a", "b"], timeout=10)

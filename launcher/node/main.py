@@ -34,7 +34,7 @@ from launcher.node.ranklogs import RankLogs
 from launcher.node.rendezvous import (DECISION_KEY, Decision, RendezvousError, RendezvousStopped,
                                       RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
-from launcher.node.status import StatusRecord
+from launcher.node.status import StatusRecord, status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.node.torchrun_shim import EXIT_NO_MAIN
 
@@ -341,6 +341,12 @@ def main() -> int:
         return EXIT_BAD_ENV
     try:
         node = Node(settings)
+        if node.run.get(status_key(settings.node)) is not None:
+            # Checked before this node writes anything: the earlier attempt's records stay as they are.
+            print(f"launcher node {settings.node}: run {settings.run_id} already has a status record for this node "
+                  f"in {settings.run_url}: its run id was used before (a second `docker-compose up` of the same "
+                  "file, a restarted node). Start a new run; nothing was written.", file=sys.stderr)
+            return EXIT_BAD_ENV
     except StoreError as exc:
         print(f"launcher node {settings.node}: {exc}", file=sys.stderr)
         return EXIT_STORE

@@ -84,6 +84,7 @@ class Decision:
     ranks: dict[str, int]  # empty in elastic mode: torchrun's c10d rendezvous assigns ranks
     mode: str = "static"
     processes_per_node: int = 1
+    nonces: dict[str, str] = field(default_factory=dict)  # whose registrations it was made from
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -143,7 +144,19 @@ def decide_static(registered: dict[str, Listed], order: Sequence[str]) -> Decisi
                               "with processesPerNode: auto they see different numbers of GPUs: set a number")
     main = registered[ranked[0]]
     return Decision(main=main.name, master_addr=main.address, master_port=main.port,
-                    ranks={name: i for i, name in enumerate(ranked)}, processes_per_node=counts.pop())
+                    ranks={name: i for i, name in enumerate(ranked)}, processes_per_node=counts.pop(),
+                    nonces={name: registered[name].nonce for name in ranked})
+
+
+def _accept(decision: Decision, me: Registration) -> Decision:
+    """A decision this node may use: one made from its own registration (in elastic mode, a node
+    that joined later is not in it, and that is fine)."""
+    theirs = decision.nonces.get(me.name)
+    if theirs is not None and theirs != me.nonce or (decision.mode == "static" and theirs is None):
+        raise RendezvousError(f"{DECISION_KEY} in this run's work dir was made without this node's registration: "
+                              "another attempt used the same run id (a second `docker-compose up` of one file, a "
+                              "restarted node); start a new run")
+    return decision
 
 
 def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *, timeout: float,
@@ -162,7 +175,7 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
     for delay in policy.delays():
         data = store.get(DECISION_KEY)
         if data is not None:
-            return Decision.from_bytes(data)
+            return _accept(Decision.from_bytes(data), me)
         now = time.monotonic()
         timed_out = now >= deadline
         if now >= next_list or timed_out:
@@ -178,7 +191,7 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
                 progress(*seen, now - started)
             needed = elastic_min if elastic_min is not None else len(expected)
             if len(registered) >= needed:
-                return _publish(store, registered, expected, elastic=elastic_min is not None)
+                return _accept(_publish(store, registered, expected, elastic=elastic_min is not None), me)
             if timed_out:
                 raise RendezvousTimeout(missing, len(registered), len(expected), timeout)
         if progress and seen and now >= next_progress:  # still waiting: say so, with the last listing
@@ -206,7 +219,7 @@ def _publish(store: WorkDir, registered: dict[str, Listed], order: Sequence[str]
     if elastic:
         decision = Decision(main=decision.main, master_addr=decision.master_addr,
                             master_port=decision.master_port, ranks={}, mode="elastic",
-                            processes_per_node=decision.processes_per_node)
+                            processes_per_node=decision.processes_per_node, nonces=decision.nonces)
     if store.create(DECISION_KEY, decision.to_bytes()):
         return decision
     return Decision.from_bytes(store.get(DECISION_KEY) or decision.to_bytes())
