@@ -34,6 +34,10 @@ PERMANENT_NAMES = ("NoCredentialsError", "PartialCredentialsError", "NoRegionErr
                    "ConfigFileNotFound", "ProfileNotFound")
 
 
+DEFAULT_DEADLINE_SECONDS = 120.0
+DEFAULT_REQUEST_TIMEOUT_SECONDS = 60.0
+
+
 class StoreError(LauncherError):
     """The work dir could not be used: a permanent error at once, a transient one after retries."""
 
@@ -65,7 +69,8 @@ class WorkDir:
     """One run's directory, ``{work_dir}/{run_id}``; keys are relative paths like ``nodes/a.json``."""
 
     def __init__(self, url: str, *, attempts: int = 8, base_delay: float = 0.1, max_delay: float = 5.0,
-                 fresh_instance: bool = False, storage_options: dict[str, Any] | None = None):
+                 fresh_instance: bool = False, storage_options: dict[str, Any] | None = None,
+                 deadline: float | None = None, request_timeout: float | None = None):
         import fsspec
 
         self.url = url.rstrip("/")
@@ -76,6 +81,7 @@ class WorkDir:
             # The protocol needs every LIST fresh from the store: a cached listing of logs/<node>/
             # hides chunks written since, and a follower that then sees the final status stops early.
             kwargs["use_listings_cache"] = False
+
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **kwargs)
         except ImportError as exc:
@@ -83,6 +89,15 @@ class WorkDir:
         self.root = self.root.rstrip("/")
         self.is_local = "file" in _protocols(self.fs)
         self.attempts = attempts
+        # No more retries once an operation has taken this long (the attempt under way may add one
+        # request timeout): a stalled store ends in a clear failure, never a hang.
+        self.deadline = deadline if deadline is not None else float(os.environ.get("LAUNCHER_STORE_DEADLINE",
+                                                                                   DEFAULT_DEADLINE_SECONDS))
+        # One request to an asynchronous store (s3fs) gives up after this long: a PUT to a store that
+        # accepts and never answers otherwise waits forever (its read timeout does not cover it).
+        timeout = request_timeout if request_timeout is not None else float(
+            os.environ.get("LAUNCHER_STORE_TIMEOUT", DEFAULT_REQUEST_TIMEOUT_SECONDS))
+        self._timeout: dict[str, float] = {"timeout": timeout} if getattr(self.fs, "async_impl", False) else {}
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.requests = 0
@@ -94,6 +109,7 @@ class WorkDir:
         return f"{self.root}/{key}" if key else self.root
 
     def _call(self, what: str, action: Callable[[], T]) -> T:
+        started = time.monotonic()
         for attempt in range(1, self.attempts + 1):
             with self._lock:
                 self.requests += 1
@@ -103,9 +119,10 @@ class WorkDir:
                 if is_permanent(exc):
                     raise StoreError(f"work dir {self.url}: {what} failed: {describe_error(exc)}",
                                      permanent=True) from exc
-                if attempt == self.attempts:  # transient (network, throttling, 5xx) but it lasted
-                    raise StoreError(f"work dir {self.url}: {what} failed after {attempt} attempts: "
-                                     f"{describe_error(exc)}", permanent=False) from exc
+                elapsed = time.monotonic() - started
+                if attempt == self.attempts or elapsed >= self.deadline:  # transient, but it lasted
+                    raise StoreError(f"work dir {self.url}: {what} failed after {attempt} attempts in "
+                                     f"{elapsed:.0f}s: {describe_error(exc)}", permanent=False) from exc
                 with self._lock:
                     self.retries += 1
                 # Full jitter: spreads retries of many nodes hitting the same fault.
@@ -119,7 +136,7 @@ class WorkDir:
         if self.is_local:
             self._call(f"put {key}", lambda: _local_replace(path, data))
         else:
-            self._call(f"put {key}", lambda: self.fs.pipe_file(path, data))
+            self._call(f"put {key}", lambda: self.fs.pipe_file(path, data, **self._timeout))
 
     def create(self, key: str, data: bytes) -> bool:
         """Write only if absent; False if the object already exists.
@@ -134,7 +151,7 @@ class WorkDir:
                 if self.is_local:
                     _local_create(path, data)
                 else:
-                    self.fs.pipe_file(path, data, mode="create")
+                    self.fs.pipe_file(path, data, mode="create", **self._timeout)
                 return True
             except FileExistsError:
                 return False
@@ -150,7 +167,7 @@ class WorkDir:
 
         def attempt() -> bytes | None:
             try:
-                return self.fs.cat_file(path)
+                return self.fs.cat_file(path, **self._timeout)
             except FileNotFoundError:
                 return None
 
@@ -169,7 +186,8 @@ class WorkDir:
 
         def attempt() -> list[str]:
             try:
-                found = self.fs.find(path) if recursive else self.fs.ls(path, detail=False)
+                found = (self.fs.find(path, **self._timeout) if recursive
+                         else self.fs.ls(path, detail=False, **self._timeout))
             except FileNotFoundError:
                 return []
             keys = (name.rstrip("/")[len(path) + 1:] for name in found if name.startswith(path + "/"))
@@ -181,7 +199,7 @@ class WorkDir:
         """Delete this run's whole directory. Only ``launcher clean`` does this: nodes never delete."""
         def attempt() -> None:
             try:
-                self.fs.rm(self.root, recursive=True)
+                self.fs.rm(self.root, recursive=True, **self._timeout)
             except FileNotFoundError:
                 pass
 

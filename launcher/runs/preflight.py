@@ -19,13 +19,15 @@ from launcher.workdirs import REMOTE_SCHEMES, scheme, unusable_reason
 RUN_RECORD = "run.json"
 # The client asks once and reports: the store libraries' own retries (s3fs: 5, with backoff) would
 # keep a user waiting half a minute in silence for an endpoint that is not there.
-QUICK_OPTIONS = {"s3": {"config_kwargs": {"connect_timeout": 5, "read_timeout": 20, "retries": {"max_attempts": 2}}}}
+QUICK_OPTIONS = {"s3": {"config_kwargs": {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 1}}}}
+QUICK_DEADLINE_SECONDS = 10.0  # for all attempts, and for any one request
 
 
 def quick_work_dir(url: str) -> WorkDir:
     """A client-side view of ``url`` that fails in seconds rather than retrying for a minute."""
     store = WorkDir(url, attempts=3, base_delay=0.2, max_delay=1.0, fresh_instance=True,
-                    storage_options=QUICK_OPTIONS.get(scheme(url)))
+                    storage_options=QUICK_OPTIONS.get(scheme(url)), deadline=QUICK_DEADLINE_SECONDS,
+                    request_timeout=QUICK_DEADLINE_SECONDS)
     if hasattr(store.fs, "retries"):  # s3fs's own retry count is a class attribute, not an option
         store.fs.retries = 1
     return store

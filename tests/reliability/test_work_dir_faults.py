@@ -178,3 +178,31 @@ def test_records_written_by_a_broken_node_do_not_break_the_readers(tmp_path, lau
     assert listed.returncode == 0 and "Traceback" not in listed.stderr
     shown = run_cli("status", str(launcher_home / "runs" / "broken-1" / "info.yaml"))
     assert shown.returncode == 2 and "not a launcher info.yaml" in shown.stderr
+
+
+def test_a_store_that_never_answers_ends_in_a_clear_failure_not_a_hang(tmp_path, launcher_home, monkeypatch):
+    """Nodes and the client give up on a stalled store within their documented bounds."""
+    from s3server import S3_ENV, StallingEndpoint
+
+    stalled = StallingEndpoint()
+    try:
+        for key, value in {**S3_ENV, "FSSPEC_S3_ENDPOINT_URL": stalled.endpoint}.items():
+            monkeypatch.setenv(key, value)
+        spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir="s3://stalled-bucket/runs")
+        started = time.monotonic()
+        result = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
+        client_seconds = time.monotonic() - started
+        _refused(result, launcher_home, "FSTimeoutError")
+        assert client_seconds < 40, client_seconds  # 10 s of retries plus one 10 s request timeout, and start-up
+
+        node = LocalBackend().plan(load_spec(spec))[0].nodes[0]
+        env = {**os.environ, **node.env, "LAUNCHER_STORE_TIMEOUT": "1", "LAUNCHER_STORE_DEADLINE": "5"}
+        started = time.monotonic()
+        done = subprocess.run(list(node.command), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        node_seconds = time.monotonic() - started
+    finally:
+        stalled.stop()
+    assert done.returncode == 3, done.stderr
+    assert "stalled-bucket" in done.stderr and "attempts in" in done.stderr and "Traceback" not in done.stderr
+    assert node_seconds < 60, node_seconds
+    assert stalled.accepted > 2
