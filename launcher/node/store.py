@@ -251,5 +251,15 @@ def _local_create(path: str, data: bytes) -> None:
 
 
 def _is_precondition_failure(exc: Exception) -> bool:
-    text = f"{type(exc).__name__} {exc}"
-    return "PreconditionFailed" in text or "412" in text
+    """The store refused a create-if-absent because the object exists (HTTP 412).
+
+    Judged by status and error code, never by digits in a message: an unreachable endpoint on
+    port 41234 once read as "already exists".
+    """
+    status = getattr(exc, "status", None)  # oci.exceptions.ServiceError
+    response = getattr(exc, "response", None)  # botocore.exceptions.ClientError
+    if isinstance(response, dict):
+        status = status or response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if response.get("Error", {}).get("Code") == "PreconditionFailed":
+            return True
+    return status == 412 or "PreconditionFailed" in type(exc).__name__

@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from clirun import run_id_from
@@ -21,7 +22,7 @@ from conftest import run_cli
 from launcher.backends.local import LocalBackend
 from launcher.commands.watch import LogFollower
 from launcher.node.logship import LogShipper
-from launcher.node.store import WorkDir
+from launcher.node.store import StoreError, WorkDir
 from launcher.runs.state import RunInfo
 from launcher.spec import load_spec
 
@@ -206,3 +207,18 @@ def test_a_store_that_never_answers_ends_in_a_clear_failure_not_a_hang(tmp_path,
     assert "stalled-bucket" in done.stderr and "attempts in" in done.stderr and "Traceback" not in done.stderr
     assert node_seconds < 60, node_seconds
     assert stalled.accepted > 2
+
+
+def test_an_unreachable_endpoint_whose_port_contains_412_is_not_an_existing_object(tmp_path, monkeypatch):
+    """The create-if-absent once read the digits of a port in an error message as HTTP 412."""
+    from s3server import S3_ENV
+
+    for key, value in {**S3_ENV, "FSSPEC_S3_ENDPOINT_URL": "http://127.0.0.1:41299"}.items():
+        monkeypatch.setenv(key, value)
+    from conftest import _reset_fsspec_config
+
+    _reset_fsspec_config()
+    store = WorkDir("s3://some-bucket/runs/r1", attempts=1, fresh_instance=True, request_timeout=10)
+    store.fs.retries = 1
+    with pytest.raises(StoreError, match="Could not connect"):
+        store.create("run.json", b"{}")
