@@ -56,8 +56,24 @@ def is_permanent(exc: BaseException) -> bool:
         return True
     if getattr(exc, "status", None) in (401, 403, 404):  # oci.exceptions.ServiceError
         return True
-    text = f"{type(exc).__name__} {exc}"
-    return any(name in text for name in PERMANENT_NAMES)
+    return bool(set(_error_names(exc)) & set(PERMANENT_NAMES))
+
+
+def _error_names(exc: BaseException) -> list[str]:
+    """Type names and service error codes along the exception's chain (s3fs wraps botocore's
+    ClientError in an OSError): matched exactly, never searched for in messages, which hold URLs."""
+    names: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        names.append(type(current).__name__)
+        response = getattr(current, "response", None)
+        if isinstance(response, dict):
+            names.append(str(response.get("Error", {}).get("Code", "")))
+        names.append(str(getattr(current, "code", "")))  # oci.exceptions.ServiceError
+        current = current.__cause__ or current.__context__
+    return names
 
 
 def describe_error(exc: BaseException) -> str:

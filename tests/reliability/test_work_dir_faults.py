@@ -222,3 +222,14 @@ def test_an_unreachable_endpoint_whose_port_contains_412_is_not_an_existing_obje
     store.fs.retries = 1
     with pytest.raises(StoreError, match="Could not connect"):
         store.create("run.json", b"{}")
+
+
+def test_permanent_errors_are_told_by_type_and_code_not_by_words_in_a_url():
+    import botocore.exceptions
+
+    from launcher.node.store import is_permanent
+
+    wrapped = OSError(5, "denied")
+    wrapped.__cause__ = botocore.exceptions.ClientError({"Error": {"Code": "InvalidAccessKeyId"}}, "PutObject")
+    assert is_permanent(wrapped) and is_permanent(botocore.exceptions.NoCredentialsError())
+    assert not is_permanent(OSError(5, "cannot reach s3://bucket/AccessDeniedTests/NoSuchBucket/r1"))
