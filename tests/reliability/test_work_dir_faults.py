@@ -218,7 +218,9 @@ def test_an_unreachable_endpoint_whose_port_contains_412_is_not_an_existing_obje
     from conftest import _reset_fsspec_config
 
     _reset_fsspec_config()
-    store = WorkDir("s3://some-bucket/runs/r1", attempts=1, fresh_instance=True, request_timeout=10)
+    # One try everywhere, so the connection error itself (its message holds the URL) is what comes back.
+    store = WorkDir("s3://some-bucket/runs/r1", attempts=1, fresh_instance=True, request_timeout=60,
+                    storage_options={"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 5}})
     store.fs.retries = 1
     with pytest.raises(StoreError, match="Could not connect"):
         store.create("run.json", b"{}")
