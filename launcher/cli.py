@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Callable, Sequence
 
@@ -207,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(str(exc) if isinstance(exc, SpecError) else f"error: {exc}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the goodbye short
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:

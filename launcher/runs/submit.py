@@ -71,16 +71,16 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
         backend.stop(info, INTERRUPT_GRACE_SECONDS)
         out.write(f"run {plan.run_id} cancelled; its record: {path}\n")
         return 130
-    out.write(f"run {plan.run_id}: {len(plan.nodes)} node{'s' if len(plan.nodes) != 1 else ''} on {backend.name}, "
-              f"work dir {info.run_url}\ninfo: {path}\n")
-    if detach:
-        out.write(f"follow it with: launcher watch {plan.run_id}\n")
+    try:  # from here on the run is started and recorded: Ctrl-C only stops following it
+        out.write(f"run {plan.run_id}: {len(plan.nodes)} node{'s' if len(plan.nodes) != 1 else ''} on "
+                  f"{backend.name}, work dir {info.run_url}\ninfo: {path}\n")
+        if detach:
+            out.write(f"follow it with: launcher watch {plan.run_id}\n")
+            out.flush()
+            return 0
         out.flush()
-        return 0
-    out.flush()
-    from launcher.commands.watch import follow
+        from launcher.commands.watch import follow
 
-    try:
         return follow(info, backend=backend, verbose=verbose)
     except KeyboardInterrupt:
         out.write(f"\nstopped following; the run goes on. Stop it with: launcher cancel {plan.run_id}\n")

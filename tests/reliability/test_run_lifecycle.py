@@ -67,7 +67,9 @@ def test_ctrl_c_during_submission_leaves_no_orphans(tmp_path, launcher_home, del
     time.sleep(delay)  # the interrupt is meant to land at an arbitrary point of submission
     client.send_signal(signal.SIGINT)
     output = client.communicate(timeout=60)[0]
-    assert client.returncode in (0, 1, 130), output
+    # 130, or ended by the SIGINT itself (-2), which a shell reports as 130 as well: in about 1 of 15
+    # interrupts the interpreter re-raises it at exit after launcher had returned 130.
+    assert client.returncode in (0, 1, 130, -signal.SIGINT), output
     assert "Traceback" not in output
     record = launcher_home / "runs" / run_id / "info.yaml"
     if record.exists():  # the run was recorded: every verb sees it, and it ends (stopped or cancelled)
