@@ -127,12 +127,13 @@ def _init(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from launcher.spec import load_spec
+    from launcher.wording import plural
 
     spec = load_spec(args.file)
     for warning in spec.warnings:
         print(f"{args.file}: warning: {warning}", file=sys.stderr)
     nodes = spec.cluster.node_count
-    print(f"{args.file}: valid ({nodes} node{'s' if nodes != 1 else ''}, infrastructure {spec.infra_type})")
+    print(f"{args.file}: valid ({plural(nodes, 'node')}, infrastructure {spec.infra_type})")
     return 0
 
 

@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from launcher.wording import plural
+
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 QUERY = "index,uuid,name,memory.total,driver_version"
 SMI_TIMEOUT_SECONDS = 20
@@ -87,9 +89,9 @@ def partition(nodes: int, processes: int | None, gpus: Sequence[str]) -> tuple[l
     per_node = processes if processes is not None else len(gpus) // nodes
     if per_node >= 1 and nodes * per_node <= len(gpus):
         shares = [",".join(gpus[i * per_node:(i + 1) * per_node]) for i in range(nodes)]
-        return shares, f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} here: {per_node} per node"
+        return shares, f"{plural(len(gpus), 'GPU')} here: {per_node} per node"
     wanted = nodes * (processes or 1)
-    return [""] * nodes, (f"{wanted} processes but {len(gpus)} GPU{'s' if len(gpus) != 1 else ''}: "
+    return [""] * nodes, (f"{wanted} processes but {plural(len(gpus), 'GPU')}: "
                           "running on CPU")
 
 

@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any, TextIO
 
+from launcher.wording import plural
+
 FORMATS = ("text", "json", "yaml")
 
 
@@ -27,7 +29,7 @@ def dryrun_text(data: dict[str, Any], out: TextIO = sys.stdout) -> None:
     """The human form of a dry run: each request, then each node's command and env."""
     nodes = data["nodes"]
     out.write(f"Dry run (nothing was sent): backend {data['backend']}, run id {data['run_id']}, "
-              f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, work dir {data['work_dir']}\n")
+              f"{plural(len(nodes), 'node')}, work dir {data['work_dir']}\n")
     for note in data["notes"]:
         out.write(f"note: {note}\n")
     if data.get("overrides"):

@@ -12,6 +12,7 @@ from launcher.errors import EXIT_BACKEND, EXIT_OK, BadInput, LauncherError
 from launcher.runs.state import RunInfo, all_runs
 from launcher.runs.view import open_run, read_view
 from launcher.spec.model import parse_duration
+from launcher.wording import plural
 
 DURATION_HINT = "use seconds (3600) or a number with s, m, h or d (12h, 7d)"
 
@@ -53,7 +54,7 @@ def clean(older_than: str, *, work_dir: bool, dry_run: bool) -> int:
                     failed = True
         removed += 1
     age = older_than.strip()
-    print(f"{verb} {removed} run{'s' if removed != 1 else ''} older than {age}"
+    print(f"{verb} {plural(removed, 'run')} older than {age}"
           + (f"; kept {kept}" if kept else "") + ("" if work_dir else " (work-dir data kept; add --work-dir)"))
     return EXIT_BACKEND if failed else EXIT_OK
 

@@ -10,6 +10,7 @@ from launcher.compose import compose_document
 from launcher.errors import BadInput
 from launcher.fileio import write_new_file
 from launcher.spec import load_spec
+from launcher.wording import plural
 
 
 def write_compose(file: str, output: str, *, force: bool) -> int:
@@ -24,5 +25,5 @@ def write_compose(file: str, output: str, *, force: bool) -> int:
         return 0
     if not write_new_file(output, text, force=force):
         raise BadInput(f"{output} exists; use --force to overwrite it")
-    print(f"wrote {output} ({len(plan.nodes)} service{'s' if len(plan.nodes) != 1 else ''})", file=sys.stderr)
+    print(f"wrote {output} ({plural(len(plan.nodes), 'service')})", file=sys.stderr)
     return 0

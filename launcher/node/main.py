@@ -37,6 +37,7 @@ from launcher.node.settings import NodeSettings, SettingsError, from_env
 from launcher.node.status import StatusRecord, status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.node.torchrun_shim import EXIT_NO_MAIN
+from launcher.wording import plural
 
 EXIT_PEER_FAILED = 1
 EXIT_CANCELLED = 130
@@ -174,9 +175,8 @@ class Node:
         node_rank = decision.ranks.get(settings.node) if decision.mode == "static" else None
         rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, global_rank=lambda local: (
             None if node_rank is None else node_rank * self.processes + local)).start()
-        readers = [threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)]
-        for reader in readers:
-            reader.start()
+        reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
+        reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)
         sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
         next_sync = time.monotonic() + settings.outputs_sync_interval
@@ -207,8 +207,7 @@ class Node:
                 sync.sync()
                 next_sync = now + settings.outputs_sync_interval
         exited.close()
-        for reader in readers:
-            reader.join(timeout=10)
+        reader.join(timeout=10)
         rank_logs.close()
         shutil.rmtree(log_dir, ignore_errors=True)
         synced = sync.sync()
@@ -246,8 +245,8 @@ class Node:
             silent = [local for local in range(self.processes)
                       if now - rank_logs.last_output.get(local, training_started) >= settings.hang_timeout]
             if len(silent) == self.processes:
-                ranks = ", ".join(str(rank_logs.global_rank(local) if rank_logs.global_rank(local) is not None
-                                      else f"local {local}") for local in silent)
+                labels = [(rank_logs.global_rank(local), local) for local in silent]
+                ranks = ", ".join(f"local {local}" if rank is None else str(rank) for rank, local in labels)
                 return (f"hung: no training process wrote a line for {settings.hang_timeout:g}s "
                         f"(silent ranks: {ranks})")
         return None
@@ -352,9 +351,3 @@ def main() -> int:
         return EXIT_STORE
     return node.main()
 
-
-def plural(count: int, noun: str) -> str:
-    """``1 node``, ``2 nodes``, ``2 training processes``."""
-    if count == 1:
-        return f"1 {noun}"
-    return f"{count} {noun}{'es' if noun.endswith('s') else 's'}"

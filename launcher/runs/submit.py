@@ -18,6 +18,7 @@ from launcher.errors import BadInput
 from launcher.runs import state
 from launcher.runs.preflight import check_work_dir
 from launcher.secrets_mask import mask
+from launcher.wording import plural
 
 INTERRUPT_GRACE_SECONDS = 10.0
 
@@ -72,7 +73,7 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
         out.write(f"run {plan.run_id} cancelled; its record: {path}\n")
         return 130
     try:  # from here on the run is started and recorded: Ctrl-C only stops following it
-        out.write(f"run {plan.run_id}: {len(plan.nodes)} node{'s' if len(plan.nodes) != 1 else ''} on "
+        out.write(f"run {plan.run_id}: {plural(len(plan.nodes), 'node')} on "
                   f"{backend.name}, work dir {info.run_url}\ninfo: {path}\n")
         if detach:
             out.write(f"follow it with: launcher watch {plan.run_id}\n")

@@ -8,6 +8,7 @@ supervisor, a store it could not write, ...), and the run cannot succeed.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -33,9 +34,12 @@ class RunView:
     cancel: dict[str, Any] | None
     fates: dict[str, NodeFate]
 
-    @property
+    @functools.cached_property
     def lost(self) -> dict[str, dict[str, Any]]:
-        """Nodes whose process is gone without a final status, described like failure markers."""
+        """Nodes whose process is gone without a final status, described like failure markers.
+
+        Computed once per view: it reads the tail of each lost node's console log, and ``ended``,
+        ``result``, ``root_failure`` and the closing line all ask for it."""
         lost = {}
         for name in self.info.nodes:
             fate = self.fates.get(name)
