@@ -21,7 +21,7 @@ import pytest
 from clirun import Watcher, alive, info_of, run_id_from
 from cluster import write_spec
 from conftest import run_cli
-from launcher.backends.local.processes import ProcessRef
+from launcher.runs.supervision import ProcessRef
 
 SLOW = """
 import sys, time

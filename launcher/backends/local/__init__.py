@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
@@ -105,23 +104,21 @@ class LocalBackend(Backend):
         return start(dryrun, state_dir)
 
     def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
-        from launcher.backends.local.processes import console_log_path, exit_record_path, read_processes
+        from launcher.backends.local.processes import read_processes
+        from launcher.runs.supervision import console_log_path, recorded_fate
 
         supervisor, refs = read_processes(info.state_dir)
         recording = supervisor is not None and supervisor.running()
         fates = {}
         for name in info.nodes:
             console = str(console_log_path(info.state_dir, name))
-            try:
-                ended = json.loads(exit_record_path(info.state_dir, name).read_text())
-                fates[name] = NodeFate(False, ended["exit_code"], ended["reason"], console, ended["at"])
-                continue
-            except (OSError, ValueError, KeyError):
-                pass
             ref = refs.get(name)
-            if ref is None:
+            fate = recorded_fate(info.state_dir, name)
+            if fate is not None:
+                fates[name] = fate
+            elif ref is None:
                 continue  # not started yet, as far as this machine knows
-            if ref.running() or recording:  # a live supervisor is still saving what the node left
+            elif ref.running() or recording:  # a live supervisor is still saving what the node left
                 fates[name] = NodeFate(True, console_log=console)
             else:
                 fates[name] = NodeFate(False, None, "node process is gone and no exit was recorded for it "
@@ -129,7 +126,8 @@ class LocalBackend(Backend):
         return fates
 
     def stop(self, info: RunInfo, grace: float) -> list[str]:
-        from launcher.backends.local.processes import kill_groups, read_processes, wait_for_exit
+        from launcher.backends.local.processes import kill_groups, read_processes
+        from launcher.runs.supervision import wait_for_exit
 
         supervisor, refs = read_processes(info.state_dir)
         left = wait_for_exit(refs.values(), grace)

@@ -11,16 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.backends.local.processes import (ProcessRef, console_log_path, exit_record_path,
-                                               kill_groups, write_processes)
-from launcher.fileio import atomic_write
-from launcher.node.control import CANCEL, CONTROL_PREFIX, record_failure
+from launcher.backends.local.processes import kill_groups, write_processes
 from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync
-from launcher.node.status import FINAL_STATES, status_key
-
-CONSOLE_PREFIX = "console"
+from launcher.node.status import FINAL_STATES
 from launcher.node.store import StoreError, WorkDir
+from launcher.runs.supervision import (CONSOLE_PREFIX, ProcessRef, console_log_path, node_status, record_on_behalf,
+                                       write_exit_record)
 
 
 def describe(returncode: int) -> tuple[int, str]:
@@ -30,31 +27,20 @@ def describe(returncode: int) -> tuple[int, str]:
     return returncode, f"node process exited with status {returncode} without reporting"
 
 
-def record_on_behalf(run: WorkDir, name: str, returncode: int, console_log: str) -> None:
-    """A node that died without writing a final status: record its end, and fail the run unless cancelled."""
-    status = json.loads(run.get(status_key(name)) or b"{}")
-    pgid = status.get("training_pgid")
-    if pgid:
-        kill_groups([pgid])  # what the dead node left running
+def save_leftovers(run: WorkDir, name: str, status: dict) -> None:
+    """What only this machine can do for a node that died without a final status: stop its training
+    processes, save their unread logs and sync its outputs (the node shared this file system)."""
+    if status.get("training_pgid"):
+        kill_groups([status["training_pgid"]])
     if status.get("state") in FINAL_STATES:
         return
-    # Same machine: save what the node could not. Its console holds every line it printed, also
-    # those of its last seconds that never reached a log chunk.
-    run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
-    if status.get("training_logs"):  # what its training processes wrote that the node had not read yet
+    if status.get("training_logs"):
         logs = Path(status["training_logs"])
         for path in sorted(logs.glob("*/attempt_*/*/std*.log")):
             run.upload(str(path), f"{CONSOLE_PREFIX}/{name}/{path.relative_to(logs).as_posix()}")
         shutil.rmtree(logs, ignore_errors=True)
     if status.get("outputs_dir"):
         OutputsSync(run, name, status["outputs_dir"]).sync()
-    cancelled = CANCEL in run.list(CONTROL_PREFIX)
-    exit_code, reason = describe(returncode)
-    status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
-                   "reason": reason, "ended_at": time.time(), "updated_at": time.time(), "reported_by": "supervisor"})
-    run.put(status_key(name), json.dumps(status).encode())
-    if not cancelled:
-        record_failure(run, name, status.get("rank"), exit_code, reason)
 
 
 def main(state_dir: str, run_url: str) -> int:
@@ -86,16 +72,16 @@ def main(state_dir: str, run_url: str) -> int:
         returncode = os.waitstatus_to_exitcode(wait_status)
         ended_at = time.time()
         print(f"{time.strftime('%H:%M:%S')} node {name} (pid {pid}) ended: {returncode}", file=sys.stderr, flush=True)
+        exit_code, reason = describe(returncode)
         try:
-            record_on_behalf(run, name, returncode, str(console_log_path(state_dir, name)))
+            status = node_status(run, name)
+            save_leftovers(run, name, status)
+            record_on_behalf(run, name, status, exit_code, reason, str(console_log_path(state_dir, name)))
         except StoreError as exc:
             print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
         finally:
             # Written last: a reader that sees it knows the node's outputs and logs are saved, or never will be.
-            exit_code, reason = describe(returncode)
-            atomic_write(exit_record_path(state_dir, name),
-                         json.dumps({"returncode": returncode, "exit_code": exit_code, "reason": reason,
-                                     "at": ended_at}))
+            write_exit_record(state_dir, name, exit_code, reason, ended_at, returncode=returncode)
     return 0
 
 

@@ -1,0 +1,147 @@
+"""What every backend's supervisor shares: identifying its processes, and recording a node's end.
+
+A supervisor is a detached process on the client machine that owns a run's nodes (local
+processes, or containers). It records each node's end in ``nodes/{node}.exit.json`` of the
+run's state directory, written last, after the node's console and outputs are saved; and
+when a node died without a final status (SIGKILL, OOM, ``docker kill``) it records that
+node's failure in the work dir, so that its peers stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from launcher.backends.base import NodeFate
+from launcher.errors import BackendError
+from launcher.fileio import atomic_write
+from launcher.node.control import CANCEL, CONTROL_PREFIX, record_failure
+from launcher.node.status import FINAL_STATES, status_key
+from launcher.node.store import WorkDir
+
+CONSOLE_PREFIX = "console"  # in the work dir: consoles of nodes that could not save their own logs
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process on this machine, by pid *and* start time: a reused pid or a zombie is never taken for it."""
+
+    pid: int
+    start: int  # start time in clock ticks since boot (/proc/PID/stat field 22)
+
+    @classmethod
+    def of(cls, pid: int) -> "ProcessRef":
+        stat = _stat(pid)
+        return cls(pid, stat[1] if stat else 0)
+
+    def running(self) -> bool:
+        stat = _stat(self.pid)
+        return stat is not None and stat[0] not in ("Z", "X") and stat[1] == self.start
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time) of a process, or None when there is none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the name may hold spaces and parentheses
+    return fields[0], int(fields[19])
+
+
+def wait_for_exit(refs: Iterable[ProcessRef], timeout: float) -> list[ProcessRef]:
+    """Wait until the processes exit (pidfd events, not polling); return those still running at the timeout."""
+    fds: dict[int, ProcessRef] = {}
+    for ref in refs:
+        try:
+            fd = os.pidfd_open(ref.pid)
+        except ProcessLookupError:
+            continue
+        if ref.running():  # checked after opening: the fd cannot follow a reused pid
+            fds[fd] = ref
+        else:
+            os.close(fd)
+    deadline = time.monotonic() + timeout
+    try:
+        while fds:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _, _ = select.select(list(fds), [], [], remaining)
+            for fd in ready:  # readable once the process has exited, reaped or not
+                os.close(fd)
+                fds.pop(fd)
+        return sorted(fds.values(), key=lambda ref: ref.pid)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def console_log_path(state_dir: str | os.PathLike, node: str) -> Path:
+    return Path(state_dir) / "nodes" / f"{node}.log"
+
+
+def exit_record_path(state_dir: str | os.PathLike, node: str) -> Path:
+    return Path(state_dir) / "nodes" / f"{node}.exit.json"
+
+
+def write_exit_record(state_dir: str | os.PathLike, node: str, exit_code: int, reason: str, at: float,
+                      **extra: Any) -> None:
+    atomic_write(exit_record_path(state_dir, node),
+                 json.dumps({"exit_code": exit_code, "reason": reason, "at": at, **extra}))
+
+
+def recorded_fate(state_dir: str | os.PathLike, node: str) -> NodeFate | None:
+    """The node's end as its supervisor recorded it, or None when none is recorded."""
+    try:
+        ended = json.loads(exit_record_path(state_dir, node).read_text())
+        return NodeFate(False, ended["exit_code"], ended["reason"], str(console_log_path(state_dir, node)),
+                        ended["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def start_supervisor(module: str, state_dir: str, run_url: str, payload: Any) -> dict[str, Any]:
+    """Start ``python -m module STATE_DIR RUN_URL`` in its own session, hand it ``payload`` on stdin
+    (so that secrets in env values never touch the disk) and return the JSON line it answers once
+    it has recorded what it owns."""
+    os.makedirs(os.path.join(state_dir, "nodes"), exist_ok=True)
+    with open(os.path.join(state_dir, "supervisor.log"), "ab") as log:
+        supervisor = subprocess.Popen([sys.executable, "-m", module, state_dir, run_url],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                      start_new_session=True)
+    assert supervisor.stdin is not None and supervisor.stdout is not None
+    supervisor.stdin.write(json.dumps(payload).encode())
+    supervisor.stdin.close()
+    line = supervisor.stdout.readline()
+    supervisor.stdout.close()
+    if not line:
+        raise BackendError(f"the supervisor did not start the nodes; see {state_dir}/supervisor.log")
+    return json.loads(line)
+
+
+def node_status(run: WorkDir, name: str) -> dict[str, Any]:
+    return json.loads(run.get(status_key(name)) or b"{}")
+
+
+def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str,
+                     console_log: str) -> None:
+    """A node that ended without a final status: save its console, record its end, and fail the run
+    unless it was cancelled. ``status`` is the node's last status record."""
+    if status.get("state") in FINAL_STATES:
+        return
+    # Its console holds every line it printed, also those of its last seconds that never reached a log chunk.
+    run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
+    cancelled = CANCEL in run.list(CONTROL_PREFIX)
+    status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
+                   "reason": reason, "ended_at": time.time(), "updated_at": time.time(), "reported_by": "supervisor"})
+    run.put(status_key(name), json.dumps(status).encode())
+    if not cancelled:
+        record_failure(run, name, status.get("rank"), exit_code, reason)
