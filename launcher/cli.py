@@ -55,6 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.epilog = "Arguments after -- replace the spec's runtime args: launcher run -f train.yaml -- --epochs 3"
     p.set_defaults(handler=_run)
 
+    p = verbs.add_parser("build", help="build the node image (\"@image\" in the spec) with the Docker engine")
+    _spec_arg(p)
+    p.add_argument("--tag", "-t", help="image name and tag (default: launcher/NAME:CONTENT-DIGEST); "
+                   "include a registry host to --push")
+    p.add_argument("--push", action="store_true", help="push the image and record its digest")
+    p.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE",
+                   help="a Dockerfile ARG, e.g. BASE_IMAGE=... or TORCH_SPEC=... (repeatable)")
+    p.add_argument("--no-cache", action="store_true", help="build every step again")
+    p.set_defaults(handler=_build)
+
     p = verbs.add_parser("compose", help="write a docker-compose file running the same cluster locally")
     _spec_arg(p)
     p.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
@@ -145,6 +155,13 @@ def _run(args: argparse.Namespace) -> int:
                           args=None if args.trailing is None else tuple(args.trailing))
     return run(args.file, backend=args.backend, dry_run=args.dry_run, output=args.output, detach=args.detach,
                resume_from=args.resume_from, run_id=args.run_id, verbose=args.verbose, overrides=overrides)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from launcher.commands.build import build
+
+    return build(args.file, tag=args.tag, push=args.push, build_args=args.build_arg, no_cache=args.no_cache,
+                 verbose=args.verbose)
 
 
 def _compose(args: argparse.Namespace) -> int:

@@ -1,0 +1,90 @@
+"""``launcher build``: the node image of a spec, built (and pushed) by the Docker engine, with progress."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from launcher.errors import BackendError, BadInput
+from launcher.plan import image_build
+from launcher.spec import load_spec
+from launcher.spec.model import DockerInfra, Spec, slug
+from launcher.workdirs import resolve_local, scheme
+
+
+def parse_build_args(pairs: list[str]) -> dict[str, str]:
+    result = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise BadInput(f"--build-arg {pair!r}: expected NAME=VALUE")
+        result[name] = value
+    return result
+
+
+def local_paths_kept_out(spec: Spec) -> list[str]:
+    """The run's local directories (work dir, outputs): data, never image content."""
+    from launcher.backends.docker import DEFAULT_WORK_DIR
+
+    wanted = [spec.cluster.work_dir or (DEFAULT_WORK_DIR if isinstance(spec.infra, DockerInfra) else None),
+              spec.cluster.outputs_dir]
+    return [resolve_local(url, spec.base_dir) for url in wanted if url and scheme(url) == "file"]
+
+
+def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_cache: bool, verbose: bool,
+          out: TextIO = sys.stdout) -> int:
+    from launcher.dockerengine import api_error_text, connect
+    from launcher.image import records
+    from launcher.image.context import build_context
+    from launcher.image.progress import BuildProgress, PushProgress
+
+    spec = load_spec(file)
+    extra_args = parse_build_args(build_args)
+    started = time.monotonic()
+    context = build_context(spec.base_dir, keep_out=local_paths_kept_out(spec))
+    tag = tag or f"launcher/{slug(spec.name)}:{context.digest[:12]}"
+    recipe = image_build(spec)
+    client = connect()
+    kept_out = f"; kept out: {', '.join(context.excluded)}" if context.excluded else ""
+    out.write(f"building {tag} from {spec.base_dir} ({context.files} files, {context.size / 2**20:.1f} MiB"
+              f"{kept_out})\n")
+    progress = BuildProgress(out, verbose)
+    import docker.errors
+
+    try:
+        for chunk in client.api.build(fileobj=context.archive, custom_context=True, dockerfile=recipe.dockerfile,
+                                      tag=tag, buildargs={**recipe.build_args, **extra_args}, nocache=no_cache,
+                                      rm=True, forcerm=True, decode=True):
+            progress.feed(chunk)
+    except docker.errors.APIError as exc:
+        progress.error = api_error_text(exc)
+    finally:
+        progress.finish()
+        context.archive.close()
+    if progress.error:
+        raise BackendError(progress.failure())
+    image = client.images.get(tag)
+    record = records.save(spec.source or spec.base_dir / "train.yaml", tag, image.id, context.digest)
+    total, _ = progress.steps
+    out.write(f"built {tag} ({image.short_id}) in {time.monotonic() - started:.1f} s; "
+              f"{progress.cached} of {total} steps from cache\n")
+    if push:
+        pushing = PushProgress(out)
+        out.write(f"pushing {tag}\n")
+        try:
+            for chunk in client.api.push(tag, stream=True, decode=True):
+                pushing.feed(chunk)
+        except docker.errors.APIError as exc:
+            pushing.error = api_error_text(exc)
+        finally:
+            pushing.finish()
+        if pushing.error or not pushing.digest:
+            raise BackendError(f"push of {tag} refused: {pushing.error or 'the registry returned no digest'} "
+                               "(the image is built and recorded, not pushed)")
+        repository = tag.rsplit(":", 1)[0] if ":" in tag.rsplit("/", 1)[-1] else tag
+        record = records.save(spec.source or spec.base_dir / "train.yaml", tag, image.id, context.digest,
+                              pushed=f"{repository}@{pushing.digest}")
+        out.write(f"pushed {record.pushed}\n")
+    out.write(f'"@image" in {file} now means {record.reference}\n')
+    return 0

@@ -1,0 +1,1 @@
+"""Node images: the build context, the engine conversation with progress, and the record of what was built."""
