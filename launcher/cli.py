@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the requests and node configs; touch nothing")
     p.add_argument("--output", choices=("text", "json", "yaml"), default="text", help="dry-run output format")
     p.add_argument("--detach", action="store_true", help="return after submission instead of following the logs")
+    p.add_argument("--keep", action="store_true", help="docker: keep the containers after the run ends "
+                   "(for docker logs / inspect); they are removed otherwise")
     p.add_argument("--resume-from", metavar="RUN", help="restore the outputs (checkpoints) of an earlier run first")
     p.add_argument("--run-id", help="use this run id instead of a new one (it must not have been used before)")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
@@ -154,7 +156,8 @@ def _run(args: argparse.Namespace) -> int:
     overrides = Overrides(sets=tuple(args.set), env=tuple(args.env), nodes=args.nodes,
                           args=None if args.trailing is None else tuple(args.trailing))
     return run(args.file, backend=args.backend, dry_run=args.dry_run, output=args.output, detach=args.detach,
-               resume_from=args.resume_from, run_id=args.run_id, verbose=args.verbose, overrides=overrides)
+               resume_from=args.resume_from, run_id=args.run_id, verbose=args.verbose, overrides=overrides,
+               keep=args.keep)
 
 
 def _build(args: argparse.Namespace) -> int:

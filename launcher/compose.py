@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.backends.docker import container_specs
+from launcher.backends.docker.containers import container_specs
 from launcher.plan import Plan
 
 
@@ -13,19 +13,31 @@ def _literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def compose_document(plan: Plan) -> dict[str, Any]:
+def compose_document(plan: Plan, gpu_shares: list[str] | None = None,
+                     build_context: str | None = None) -> dict[str, Any]:
+    """``build_context``: a directory holding the staged build context, for nodes that use "@image"."""
     services: dict[str, Any] = {}
-    for node, container in zip(plan.nodes, container_specs(plan)):
-        service: dict[str, Any] = {
-            "image": _literal(container["image"]),
+    for node, container in zip(plan.nodes, container_specs(plan, gpu_shares)):
+        service: dict[str, Any] = {"image": _literal(container["image"])}
+        if build_context and plan.image and node.image == plan.image.tag:
+            service["build"] = {"context": build_context, "dockerfile": plan.image.dockerfile,
+                                "args": dict(plan.image.build_args)}
+        service.update({
             "container_name": container["name"],
+            "hostname": container["hostname"],
+            "init": True,
             "command": [_literal(part) for part in container["command"]],
             "environment": {name: _literal(value) for name, value in container["environment"].items()},
-            "network_mode": container["network_mode"],
             "volumes": [_literal(volume) for volume in container["volumes"]],
             "labels": container["labels"],
-        }
+        })
+        if "network_mode" in container:  # else the file's own default network: one per `up`
+            service["network_mode"] = container["network_mode"]
         if "shm_size" in container:
             service["shm_size"] = container["shm_size"]
+        for request in container.get("device_requests", []):
+            service.setdefault("deploy", {"resources": {"reservations": {"devices": []}}})
+            service["deploy"]["resources"]["reservations"]["devices"].append(
+                {"driver": request["Driver"], "device_ids": request["DeviceIDs"], "capabilities": ["gpu"]})
         services[node.name] = service
     return {"services": services}

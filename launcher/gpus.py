@@ -15,9 +15,12 @@ import subprocess
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from launcher.wording import plural
+
+if TYPE_CHECKING:
+    from launcher.spec.model import Spec
 
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 QUERY = "index,uuid,name,memory.total,driver_version"
@@ -93,6 +96,20 @@ def partition(nodes: int, processes: int | None, gpus: Sequence[str]) -> tuple[l
     wanted = nodes * (processes or 1)
     return [""] * nodes, (f"{wanted} processes but {plural(len(gpus), 'GPU')}: "
                           "running on CPU")
+
+
+def pins_devices(spec: "Spec") -> bool:
+    """Whether the spec sets CUDA_VISIBLE_DEVICES itself: then launcher leaves the GPUs alone."""
+    variables = (*spec.cluster.env, *spec.runtime.env, *(var for group in spec.cluster.groups for var in group.env))
+    return any(var.name == "CUDA_VISIBLE_DEVICES" for var in variables)
+
+
+def node_gpu_shares(spec: "Spec") -> tuple[list[str] | None, str | None]:
+    """This machine's GPUs shared out among the spec's nodes when they all run here (local processes,
+    containers on this engine): a device list per node ("" for none), or None to leave devices alone."""
+    if pins_devices(spec):
+        return None, None
+    return partition(spec.cluster.node_count, spec.cluster.processes_per_node, [gpu.index for gpu in visible_gpus()])
 
 
 def cuda_driver_version() -> str | None:

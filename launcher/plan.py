@@ -61,17 +61,15 @@ def image_tag(spec: Spec) -> str:
     return f"launcher/{slug(spec.name)}:{spec.digest}"
 
 
-def resolve_image(spec: Spec, group: NodeGroup) -> str:
+def resolve_image(spec: Spec, group: NodeGroup, built_image: str | None = None) -> str:
+    """The group's image; "@image" is the image `launcher build` made (``built_image``), else its default tag."""
     image = group.image or spec.cluster.image or BUILT_IMAGE
-    return image_tag(spec) if image == BUILT_IMAGE else image
+    return (built_image or image_tag(spec)) if image == BUILT_IMAGE else image
 
 
-def image_build(spec: Spec, base_image: str | None = None) -> ImageBuild:
-    args = {"CODE_DIR": "."}
-    if base_image:
-        args["BASE_IMAGE"] = base_image
+def image_build(spec: Spec, tag: str | None = None) -> ImageBuild:
     return ImageBuild(context=str(spec.base_dir), dockerfile=f"{IMAGE_ARTIFACTS}/Dockerfile",
-                      build_args=args, tag=image_tag(spec))
+                      build_args={"CODE_DIR": "."}, tag=tag or image_tag(spec))
 
 
 def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGroup,
@@ -114,9 +112,10 @@ def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGr
 
 def make_plan(spec: Spec, *, work_dir: str, node_command: Sequence[str], run_id: str | None = None,
               resume_from: str | None = None, extra_env: Mapping[str, str] | None = None,
-              node_extra_env: Sequence[Mapping[str, str]] | None = None) -> Plan:
+              node_extra_env: Sequence[Mapping[str, str]] | None = None, built_image: str | None = None) -> Plan:
     """Build the plan. ``extra_env`` holds backend facts for every node (e.g. the local backend's
-    loopback address), ``node_extra_env`` per node (e.g. the GPUs each local node may use)."""
+    loopback address), ``node_extra_env`` per node (e.g. the GPUs each local node may use),
+    ``built_image`` what "@image" stands for."""
     run_id = run_id or new_run_id(spec)
     names = spec.cluster.node_names
     groups = [spec.cluster.main] * spec.cluster.main.replicas + [spec.cluster.worker] * spec.cluster.worker.replicas
@@ -126,6 +125,7 @@ def make_plan(spec: Spec, *, work_dir: str, node_command: Sequence[str], run_id:
         env.update(extra_env or {})
         env.update(node_extra_env[len(nodes)] if node_extra_env else {})
         nodes.append(NodeConfig(name=name, group="main" if group is spec.cluster.main else "worker",
-                                image=resolve_image(spec, group), env=env, command=tuple(node_command)))
-    build = image_build(spec) if any(node.image == image_tag(spec) for node in nodes) else None
+                                image=resolve_image(spec, group, built_image), env=env, command=tuple(node_command)))
+    built = built_image or image_tag(spec)
+    build = image_build(spec, built) if any(node.image == built for node in nodes) else None
     return Plan(run_id=run_id, spec=spec, work_dir=work_dir, image=build, nodes=tuple(nodes))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.errors import BackendError, BadInput
-from launcher.plan import Plan, make_plan
+from launcher.plan import Plan, image_tag, make_plan
 from launcher.runs.state import RunInfo
 from launcher.spec.model import Spec
 
@@ -71,8 +71,19 @@ class Backend(ABC):
                            "(a directory, s3://bucket/prefix or oci://bucket@namespace/prefix)")
         return spec.cluster.work_dir, []
 
+    def client_work_dir(self, plan: Plan) -> str:
+        """The work dir as this machine reaches it (the nodes may see it elsewhere, e.g. mounted)."""
+        return plan.work_dir
+
     def node_env_extra(self, spec: Spec) -> dict[str, str]:
         return {}
+
+    def built_image(self, spec: Spec) -> str | None:
+        """What "@image" names: the image `launcher build` recorded for this spec file (None: not built)."""
+        from launcher.image import records
+
+        record = records.load(spec.source)
+        return record.reference if record else None
 
     def node_devices(self, spec: Spec) -> tuple[list[dict[str, str]] | None, list[str]]:
         """Per-node env giving each node its devices (None: the nodes' own), and notes about it."""
@@ -82,8 +93,12 @@ class Backend(ABC):
         work_dir, notes = self.work_dir(spec)
         devices, device_notes = self.node_devices(spec)
         plan = make_plan(spec, work_dir=work_dir, node_command=self.node_command, run_id=run_id,
-                         resume_from=resume_from, extra_env=self.node_env_extra(spec), node_extra_env=devices)
+                         resume_from=resume_from, extra_env=self.node_env_extra(spec), node_extra_env=devices,
+                         built_image=self.built_image(spec))
         notes = notes + device_notes + [f"warning: {warning}" for warning in spec.warnings]
+        if plan.image and plan.image.tag == image_tag(spec):
+            notes.append(f'"@image" has not been built for this spec yet: `launcher build -f {spec.source or "SPEC"}` '
+                         "builds it")
         if spec.cluster.processes_per_node is None:
             notes.append("processesPerNode: auto is decided on each node (one training process per GPU it "
                          "sees, 1 without GPUs); WORLD_SIZE follows")

@@ -44,7 +44,7 @@ def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_c
     started = time.monotonic()
     context = build_context(spec.base_dir, keep_out=local_paths_kept_out(spec))
     tag = tag or f"launcher/{slug(spec.name)}:{context.digest[:12]}"
-    recipe = image_build(spec)
+    recipe = image_build(spec, tag)
     client = connect()
     kept_out = f"; kept out: {', '.join(context.excluded)}" if context.excluded else ""
     out.write(f"building {tag} from {spec.base_dir} ({context.files} files, {context.size / 2**20:.1f} MiB"

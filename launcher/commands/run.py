@@ -16,7 +16,7 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: bool, resume_from: str | None,
-        run_id: str | None, verbose: bool, overrides: Overrides | None = None) -> int:
+        run_id: str | None, verbose: bool, overrides: Overrides | None = None, keep: bool = False) -> int:
     if output != "text" and not dry_run:
         raise BadInput(f"--output {output} is for --dry-run; for a machine-readable view of a run use "
                        "launcher status RUN --json")
@@ -24,6 +24,10 @@ def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: b
         raise BadInput(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
     spec = load_spec(file, overrides)
     chosen = backend_for(backend, spec.infra_type)
+    if keep:
+        if not hasattr(chosen, "keep"):
+            raise BadInput(f"--keep is for the docker backend (its containers), not {chosen.name}")
+        chosen.keep = True
     resume_url = None
     if resume_from:
         from launcher.runs.state import resolve_run

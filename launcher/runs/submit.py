@@ -40,7 +40,8 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
     plan = request.plan
     for note in request.notes:
         out.write(f"note: {note}\n")
-    info = state.RunInfo(run_id=plan.run_id, backend=backend.name, work_dir=plan.work_dir,
+    work_dir = backend.client_work_dir(plan)
+    info = state.RunInfo(run_id=plan.run_id, backend=backend.name, work_dir=work_dir,
                          nodes=plan.node_names, spec_file=str(plan.spec.source or ""),
                          spec_digest=plan.spec.digest, created_at=time.time(),
                          processes_per_node=plan.spec.cluster.processes_per_node or "auto",
@@ -50,7 +51,7 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
         raise BadInput(f"run id {plan.run_id} was used before (in {state_dir}); choose another")
     backend.check(request)
     with held_interrupts() as interrupted:
-        run = check_work_dir(plan.work_dir, plan.run_id, {"run_id": plan.run_id, "backend": backend.name,
+        run = check_work_dir(work_dir, plan.run_id, {"run_id": plan.run_id, "backend": backend.name,
                                                           "nodes": len(plan.nodes), "created_at": info.created_at})
         if interrupted:
             out.write(f"\ninterrupted before run {plan.run_id} started; nothing was started\n")

@@ -65,7 +65,7 @@ class LocalInfra:
 
 @dataclass(frozen=True)
 class DockerInfra:
-    network: str = "host"
+    network: str = "bridge"  # "bridge": a network of the run's own; "host": the engine machine's
     volumes: tuple[str, ...] = ()
     shm_size: str | None = None
 
@@ -295,7 +295,7 @@ def _infra(kind: str, spec: dict, name: str) -> Infra:
             ocpus=shape.get("ocpus"), memory_gb=shape.get("memoryInGBs"),
         )
     if kind == "docker":
-        return DockerInfra(network=spec.get("network", "host"), volumes=tuple(spec.get("volumes", ())),
+        return DockerInfra(network=spec.get("network", "bridge"), volumes=tuple(spec.get("volumes", ())),
                            shm_size=spec.get("shmSize"))
     return LocalInfra(work_dir=spec.get("workDir"))
 

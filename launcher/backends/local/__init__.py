@@ -8,7 +8,7 @@ from typing import Any
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.errors import BadInput
-from launcher.gpus import partition, visible_gpus
+from launcher.gpus import node_gpu_shares
 from launcher.plan import Plan
 from launcher.runs.state import RunInfo, home
 from launcher.spec.model import LocalInfra, Spec
@@ -31,12 +31,6 @@ def capacity_problem(nodes: int, processes_per_node: int, *, cpus: int, availabl
         return (f"{nodes} nodes x {processes_per_node} processes need about {needed} MiB "
                 f"({MIB_PER_PROCESS} MiB per process), and this machine has {available_mib} MiB available")
     return None
-
-
-def pins_devices(spec: Spec) -> bool:
-    """Whether the spec sets CUDA_VISIBLE_DEVICES itself: then launcher leaves the GPUs alone."""
-    variables = (*spec.cluster.env, *spec.runtime.env, *(var for group in spec.cluster.groups for var in group.env))
-    return any(var.name == "CUDA_VISIBLE_DEVICES" for var in variables)
 
 
 def _available_mib() -> int | None:
@@ -66,10 +60,7 @@ class LocalBackend(Backend):
 
     def node_devices(self, spec: Spec) -> tuple[list[dict[str, str]] | None, list[str]]:
         """The nodes share this machine: each gets its own GPUs, or none when they cannot all have some."""
-        if pins_devices(spec):
-            return None, []
-        gpus = [gpu.index for gpu in visible_gpus()]
-        shares, note = partition(spec.cluster.node_count, spec.cluster.processes_per_node, gpus)
+        shares, note = node_gpu_shares(spec)
         if shares is None:
             return None, []
         return [{"CUDA_VISIBLE_DEVICES": share} for share in shares], [note] if note else []

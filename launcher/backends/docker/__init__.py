@@ -1,0 +1,187 @@
+"""Docker containers, one per node, on a network of the run's own; also the source of ``launcher compose``.
+
+The client creates the containers (:mod:`.launch`) and hands them to a detached supervisor
+(:mod:`.supervisor`) that records how each ended and removes them when the run is over. The
+Docker SDK is imported only by the verbs that talk to the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.backends.base import Backend, DryRun, NodeFate, Request
+from launcher.backends.docker.containers import (CONTAINER_WORK_DIR, DEFAULT_WORK_DIR, container_specs,
+                                                 infra_of)
+from launcher.errors import BackendError, BadInput
+from launcher.gpus import node_gpu_shares
+from launcher.plan import Plan
+from launcher.runs.state import RunInfo
+from launcher.runs.supervision import ProcessRef
+from launcher.spec.model import Spec
+from launcher.workdirs import resolve_local, scheme
+
+
+class DockerBackend(Backend):
+    name = "docker"
+    node_command = ("python", "-m", "launcher.node")
+    keep = False  # keep the containers after the run (``run --keep``)
+
+    def work_dir(self, spec: Spec) -> tuple[str, list[str]]:
+        url = spec.cluster.work_dir or DEFAULT_WORK_DIR
+        if scheme(url) == "file":
+            host = resolve_local(url, spec.base_dir)
+            return CONTAINER_WORK_DIR, [f"host directory {host} is mounted at {CONTAINER_WORK_DIR}"]
+        return url, []
+
+    def client_work_dir(self, plan: Plan) -> str:
+        if plan.work_dir == CONTAINER_WORK_DIR:
+            return resolve_local(plan.spec.cluster.work_dir or DEFAULT_WORK_DIR, plan.spec.base_dir)
+        return plan.work_dir
+
+    def built_image(self, spec: Spec) -> str | None:
+        from launcher.image import records
+
+        record = records.load(spec.source)  # the engine that built it has it by tag
+        return record.tag if record else None
+
+    def node_env_extra(self, spec: Spec) -> dict[str, str]:
+        # On the engine machine's network every node is on this one machine; on the run's own
+        # network each node advertises its address there (the default route's source address).
+        return {"LAUNCHER_NODE_ADDRESS": "127.0.0.1"} if infra_of(spec).network == "host" else {}
+
+    def node_devices(self, spec: Spec) -> tuple[list[dict[str, str]] | None, list[str]]:
+        _, note = node_gpu_shares(spec)  # given as device requests (see requests), not as env
+        return None, [note] if note else []
+
+    def requests(self, plan: Plan) -> list[Request]:
+        shares, _ = node_gpu_shares(plan.spec)
+        return [Request("containers.run", spec["name"], spec) for spec in container_specs(plan, shares)]
+
+    def check(self, dryrun: DryRun) -> None:
+        from launcher.dockerengine import connect
+
+        client = connect()
+        built = dryrun.plan.image.tag if dryrun.plan.image else None
+        for image in sorted({node.image for node in dryrun.plan.nodes}):
+            _require_image(client, image, built=image == built)
+
+    def schedule(self, dryrun: DryRun, state_dir: str) -> dict[str, Any]:
+        from launcher.backends.docker.launch import create_run
+        from launcher.dockerengine import connect
+        from launcher.runs.supervision import start_supervisor
+
+        client = connect()
+        plan = dryrun.plan
+        since = time.time()
+        containers = create_run(client, plan.run_id, [request.body for request in dryrun.requests])
+        order = {"run_id": plan.run_id, "containers": containers, "keep": self.keep, "since": since}
+        supervisor = start_supervisor("launcher.backends.docker.supervisor", state_dir,
+                                      f"{self.client_work_dir(plan).rstrip('/')}/{plan.run_id}", order)
+        network = None if infra_of(plan.spec).network == "host" else f"launcher-{plan.run_id}"
+        return {"containers": containers, "network": network, "keep": self.keep, **supervisor}
+
+    def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
+        from launcher.runs.supervision import recorded_fate
+
+        fates = {name: fate for name in info.nodes if (fate := recorded_fate(info.state_dir, name)) is not None}
+        supervisor = _supervisor(info)
+        if len(fates) == len(info.nodes) or (supervisor is not None and supervisor.running()):
+            return fates | {name: NodeFate(True) for name in info.backend_ids.get("containers", {})
+                            if name not in fates}
+        return fates | self._engine_fates(info, exclude=set(fates))
+
+    def _engine_fates(self, info: RunInfo, exclude: set[str]) -> dict[str, NodeFate]:
+        """With no supervisor left to tell: ask the engine about each node's container."""
+        import docker.errors
+
+        from launcher.backends.docker.launch import describe_exit
+        from launcher.dockerengine import connect
+
+        try:
+            client = connect()
+        except BackendError:
+            return {}
+        fates = {}
+        for name, container_id in info.backend_ids.get("containers", {}).items():
+            if name in exclude:
+                continue
+            try:
+                state = client.containers.get(container_id).attrs["State"]
+            except docker.errors.NotFound:
+                fates[name] = NodeFate(False, None, "node container is gone and no exit was recorded for it "
+                                       "(its supervisor was stopped too)")
+                continue
+            if state.get("Running"):
+                fates[name] = NodeFate(True)
+            else:
+                code = int(state.get("ExitCode", -1))
+                fates[name] = NodeFate(False, code, describe_exit(code, bool(state.get("OOMKilled"))))
+        return fates
+
+    def stop(self, info: RunInfo, grace: float) -> list[str]:
+        from launcher.backends.docker.containers import NODE_LABEL
+        from launcher.backends.docker.launch import remove_run, run_containers
+        from launcher.dockerengine import connect
+        from launcher.runs.supervision import wait_for_exit
+
+        client = connect()
+        deadline = time.monotonic() + grace
+        forced = []
+        for container in run_containers(client, info.run_id):
+            if not _wait(container, deadline - time.monotonic()):
+                container.kill()
+                forced.append(container.labels.get(NODE_LABEL, container.name))
+        supervisor = _supervisor(info)
+        if supervisor is not None:
+            wait_for_exit([supervisor], 30)
+        if (supervisor is None or not supervisor.running()) and not info.backend_ids.get("keep"):
+            remove_run(client, info.run_id)  # what a stopped supervisor could not remove
+        return sorted(forced)
+
+
+def _require_image(client: Any, image: str, *, built: bool) -> None:
+    """The image must be on the engine: one `launcher build` makes is never pulled, others are pulled."""
+    import docker.errors
+
+    from launcher.dockerengine import api_error_text
+
+    try:
+        client.images.get(image)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    if built:
+        raise BadInput(f'image {image} ("@image") has not been built yet on this engine; build it first with: '
+                       "launcher build -f SPEC")
+    try:
+        client.images.pull(image)
+    except docker.errors.DockerException as exc:
+        raise BackendError(f"image {image} is not on this engine and pulling it failed: {api_error_text(exc)}") \
+            from None
+
+
+def _wait(container: Any, timeout: float) -> bool:
+    """Whether the container has exited within ``timeout`` seconds."""
+    import requests.exceptions
+
+    container.reload()
+    if container.status not in ("running", "restarting", "paused"):
+        return True
+    try:
+        container.wait(timeout=max(timeout, 0.1))
+        return True
+    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+        return False
+
+
+def _supervisor(info: RunInfo) -> ProcessRef | None:
+    try:
+        from launcher.backends.docker.supervisor import SUPERVISOR_FILE
+
+        data = json.loads((Path(info.state_dir) / SUPERVISOR_FILE).read_text())
+        return ProcessRef(**data["supervisor"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

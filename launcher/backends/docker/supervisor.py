@@ -1,0 +1,80 @@
+"""The watcher of a docker run's containers, a detached process on the client machine.
+
+It gets ``{"run_id", "containers": {node: id}, "keep", "since"}`` on stdin, answers with its own
+process identity, then follows the engine's ``die`` events for the run (replayed from ``since``,
+so a container that died before it subscribed is not missed). For each node that ends it saves
+the container's output to ``nodes/{node}.log``, records the node's failure in the work dir when
+the node could not (``docker kill``, OOM), and writes the exit record. When every node has ended
+it removes the containers and the network, unless asked to keep them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict
+
+from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL
+from launcher.backends.docker.launch import describe_exit, remove_run
+from launcher.dockerengine import connect
+from launcher.fileio import atomic_write
+from launcher.node.store import StoreError, WorkDir
+from launcher.runs.supervision import (ProcessRef, console_log_path, node_status, record_on_behalf,
+                                       write_exit_record)
+
+SUPERVISOR_FILE = "supervisor.json"
+
+
+def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: str) -> None:
+    container = client.containers.get(container_id)
+    state = container.attrs["State"]
+    exit_code, oom = int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
+    console = console_log_path(state_dir, name)
+    atomic_write(console, container.logs(stdout=True, stderr=True))
+    reason = describe_exit(exit_code, oom)
+    print(f"{time.strftime('%H:%M:%S')} node {name} ({container.name}) ended: {exit_code}", file=sys.stderr,
+          flush=True)
+    try:
+        record_on_behalf(run, name, node_status(run, name), exit_code, reason, str(console))
+    except StoreError as exc:
+        print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
+    finally:  # written last: a reader that sees it knows the node's console is saved
+        write_exit_record(state_dir, name, exit_code, reason, time.time(), oom_killed=oom)
+
+
+def main(state_dir: str, run_url: str) -> int:
+    order = json.loads(sys.stdin.read())
+    me = {"supervisor": asdict(ProcessRef.of(os.getpid()))}
+    atomic_write(os.path.join(state_dir, SUPERVISOR_FILE), json.dumps(me))
+    try:
+        sys.stdout.write(json.dumps(me) + "\n")
+        sys.stdout.close()
+    except BrokenPipeError:
+        pass
+    client = connect()
+    run = WorkDir(run_url)
+    waiting = dict(order["containers"])  # node -> container id
+    events = client.events(since=int(order["since"]) - 1, decode=True,
+                           filters={"type": "container", "event": "die", "label": f"{RUN_LABEL}={order['run_id']}"})
+    try:
+        for event in events:
+            name = event.get("Actor", {}).get("Attributes", {}).get(NODE_LABEL)
+            if name in waiting:
+                node_ended(client, run, state_dir, name, waiting.pop(name))
+            if not waiting:
+                break
+    finally:
+        events.close()
+    if not order.get("keep"):
+        removed = remove_run(client, order["run_id"])
+        print(f"removed {len(removed)} containers and the run's network", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(main(*sys.argv[1:3]))
