@@ -14,14 +14,15 @@ def _literal(value: str) -> str:
 
 
 def compose_document(plan: Plan, gpu_shares: list[str] | None = None,
-                     build_context: str | None = None) -> dict[str, Any]:
-    """``build_context``: a directory holding the staged build context, for nodes that use "@image"."""
+                     build_context: str | None = None, build_args: dict[str, str] | None = None) -> dict[str, Any]:
+    """``build_context``: a directory holding the staged build context, for nodes that use "@image",
+    built with the image's own build args and ``build_args`` (those `launcher build` was given)."""
     services: dict[str, Any] = {}
     for node, container in zip(plan.nodes, container_specs(plan, gpu_shares)):
         service: dict[str, Any] = {"image": _literal(container["image"])}
         if build_context and plan.image and node.image == plan.image.tag:
             service["build"] = {"context": build_context, "dockerfile": plan.image.dockerfile,
-                                "args": dict(plan.image.build_args)}
+                                "args": {**plan.image.build_args, **(build_args or {})}}
         service.update({
             "container_name": container["name"],
             "hostname": container["hostname"],

@@ -30,7 +30,7 @@ def info_of(home: Path, run_id: str) -> dict:
 
 
 def run_id_from(output: str) -> str:
-    return re.search(r"^run (\S+): \d+ nodes? on local", output, re.M).group(1)
+    return re.search(r"^run (\S+): \d+ nodes? on \w+", output, re.M).group(1)
 
 
 class Watcher:

@@ -76,3 +76,40 @@ def _reset_fsspec_config() -> None:
 
     fsspec.config.conf.clear()
     fsspec.config.set_conf_env(fsspec.config.conf)
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A real Docker engine: the running one, or dockerd started here (and stopped after the session)."""
+    from dockerenv import Engine
+
+    try:
+        engine = Engine()
+    except RuntimeError as exc:
+        require(False, str(exc))
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="session")
+def node_base_image(docker_engine) -> str:
+    """The node base image (Debian + python3 venv with torch and the node's requirements), built once."""
+    from dockerenv import ensure_base_image
+
+    try:
+        return ensure_base_image()
+    except (RuntimeError, OSError) as exc:
+        require(False, f"cannot build the test base image: {exc}")
+
+
+@pytest.fixture(scope="session")
+def registry(docker_engine, tmp_path_factory):
+    """Debian's docker-registry on 127.0.0.1 (the engine trusts loopback registries without TLS)."""
+    from dockerenv import Registry
+
+    try:
+        server = Registry(tmp_path_factory.mktemp("registry"))
+    except RuntimeError as exc:
+        require(False, str(exc))
+    yield server
+    server.stop()

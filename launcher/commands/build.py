@@ -65,7 +65,8 @@ def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_c
     if progress.error:
         raise BackendError(progress.failure())
     image = client.images.get(tag)
-    record = records.save(spec.source or spec.base_dir / "train.yaml", tag, image.id, context.digest)
+    spec_file = spec.source or spec.base_dir / "train.yaml"
+    record = records.save(spec_file, tag, image.id, context.digest, extra_args)
     total, _ = progress.steps
     out.write(f"built {tag} ({image.short_id}) in {time.monotonic() - started:.1f} s; "
               f"{progress.cached} of {total} steps from cache\n")
@@ -83,7 +84,7 @@ def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_c
             raise BackendError(f"push of {tag} refused: {pushing.error or 'the registry returned no digest'} "
                                "(the image is built and recorded, not pushed)")
         repository = tag.rsplit(":", 1)[0] if ":" in tag.rsplit("/", 1)[-1] else tag
-        record = records.save(spec.source or spec.base_dir / "train.yaml", tag, image.id, context.digest,
+        record = records.save(spec_file, tag, image.id, context.digest, extra_args,
                               pushed=f"{repository}@{pushing.digest}")
         out.write(f"pushed {record.pushed}\n")
     out.write(f'"@image" in {file} now means {record.reference}\n')

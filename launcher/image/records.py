@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from launcher.fileio import atomic_write
@@ -25,6 +25,7 @@ class ImageRecord:
     context_digest: str
     built_at: float
     pushed: str | None = None  # REPOSITORY@sha256:... once `build --push` succeeded
+    build_args: dict[str, str] = field(default_factory=dict)  # the --build-arg values it was built with
 
     @property
     def reference(self) -> str:
@@ -47,7 +48,8 @@ def load(spec_file: Path | None) -> ImageRecord | None:
         return None
 
 
-def save(spec_file: Path, tag: str, image_id: str, context_digest: str, pushed: str | None = None) -> ImageRecord:
-    record = ImageRecord(str(spec_file.resolve()), tag, image_id, context_digest, time.time(), pushed)
+def save(spec_file: Path, tag: str, image_id: str, context_digest: str, build_args: dict[str, str],
+         pushed: str | None = None) -> ImageRecord:
+    record = ImageRecord(str(spec_file.resolve()), tag, image_id, context_digest, time.time(), pushed, build_args)
     atomic_write(_path(spec_file), json.dumps(asdict(record), indent=1) + "\n")
     return record

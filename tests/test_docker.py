@@ -1,0 +1,225 @@
+"""The docker backend, `launcher build` and the compose file, on a real engine, registry and docker-compose.
+
+The engine, the node base image and the registry come from the session fixtures in conftest
+(see dockerenv.py). One project is built once per module; each test runs its own cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clirun import Watcher, info_of, init_project, run_id_from
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_containers(run_id: str) -> list[str]:
+    return docker("ps", "-aq", "--filter", f"label=launcher.run-id={run_id}").stdout.split()
+
+
+def run_networks(run_id: str) -> list[str]:
+    return docker("network", "ls", "-q", "--filter", f"label=launcher.run-id={run_id}").stdout.split()
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, node_base_image):
+    """An init'ed example project with credentials and data beside the code, built once: (spec, env)."""
+    root = tmp_path_factory.mktemp("docker-project")
+    spec = init_project(root / "proj", workers=1, epochs=3)
+    (spec.parent / ".oci").mkdir()
+    (spec.parent / ".oci" / "config").write_text("[DEFAULT]\nkey_file=secret\n")
+    (spec.parent / "work_dir" / "old-run").mkdir(parents=True)
+    (spec.parent / ".dockerignore").write_text("*.log\n")
+    (spec.parent / "debug.log").write_text("not for the image\n")
+    env = {**os.environ, "LAUNCHER_HOME": str(root / "home")}
+    done = run_cli("build", "-f", str(spec), "--build-arg", f"BASE_IMAGE={node_base_image}", env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return spec, env
+
+
+def recorded_image(env: dict, spec: Path | None = None) -> dict:
+    """What `launcher build` recorded for ``spec`` (default: the project's train.yaml)."""
+    records = [json.loads(path.read_text()) for path in (Path(env["LAUNCHER_HOME"]) / "images").glob("*.json")]
+    [record] = [r for r in records if spec is None and r["spec_file"].endswith("/proj/train.yaml")
+                or r["spec_file"] == str(spec)]
+    return record
+
+
+def test_build_records_the_image_and_keeps_data_and_secrets_out(project):
+    spec, env = project
+    record = recorded_image(env)
+    assert record["spec_file"] == str(spec) and record["tag"].startswith("launcher/pytorch-ddp:")
+    listing = docker("run", "--rm", "--entrypoint", "ls", record["tag"], "-a", "/code", "/opt/launcher").stdout
+    assert "train.py" in listing and "node_entry.py" in listing and "launcher" in listing
+    for kept_out in (".oci", "work_dir", "debug.log"):
+        assert kept_out not in listing.split(), listing
+    again = run_cli("build", "-f", str(spec), "--build-arg", f"BASE_IMAGE={record['build_args']['BASE_IMAGE']}",
+                    env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert re.search(r"(\d+) of 12 steps from cache", again.stdout).group(1) == "10"  # all but FROM and ARG
+    assert recorded_image(env)["image_id"] == record["image_id"]
+    dry = run_cli("run", "-f", str(spec), "--backend", "docker", "--dry-run", "--output", "json", env=env)
+    assert {node["image"] for node in json.loads(dry.stdout)["nodes"]} == {record["tag"]}
+
+
+def test_a_failing_build_step_is_quoted_and_records_nothing(tmp_path, node_base_image, launcher_home):
+    spec = init_project(tmp_path / "proj", workers=1, epochs=1)
+    done = run_cli("build", "-f", str(spec), "--build-arg", f"BASE_IMAGE={node_base_image}",
+                   "--build-arg", "TORCH_SPEC=no-such-package-anywhere==0.0", timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert re.search(r"image build failed at Step \d+/12 : RUN python -m pip install", done.stderr)
+    assert "no-such-package-anywhere" in done.stderr and "returned a non-zero code" in done.stderr
+    assert not (launcher_home / "images").exists()
+
+
+def test_no_engine_is_a_clear_error(tmp_path, launcher_home):
+    spec = init_project(tmp_path / "proj", workers=1, epochs=1)
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    for argv in (["build", "-f", str(spec)], ["run", "-f", str(spec), "--backend", "docker"]):
+        done = run_cli(*argv, env=env)
+        assert done.returncode == 3, done.stderr
+        assert f"cannot reach the Docker engine at unix://{tmp_path}/no-engine.sock" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (launcher_home / "runs").exists()
+
+
+def test_run_before_build_says_so_and_starts_nothing(tmp_path, docker_engine, launcher_home):
+    spec = init_project(tmp_path / "proj", workers=1, epochs=1)
+    done = run_cli("run", "-f", str(spec), "--backend", "docker", "--run-id", "never-built-1")
+    assert done.returncode == 2, done.stderr
+    assert '("@image") has not been built yet' in done.stderr and "launcher build -f" in done.stderr
+    assert run_containers("never-built-1") == [] and not (launcher_home / "runs").exists()
+
+
+def test_push_records_the_digest_and_the_image_pulls_back_by_it(project, registry, tmp_path):
+    spec, env = project
+    base = recorded_image(env)["build_args"]["BASE_IMAGE"]
+    tag = f"{registry.address}/launcher-test/train:v1"
+    done = run_cli("build", "-f", str(spec), "--tag", tag, "--push", "--build-arg", f"BASE_IMAGE={base}",
+                   env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pushed = recorded_image(env)["pushed"]
+    assert re.fullmatch(rf"{re.escape(registry.address)}/launcher-test/train@sha256:[0-9a-f]{{64}}", pushed)
+    assert docker("rmi", tag).returncode == 0
+    pulled = docker("pull", pushed, timeout=300)
+    assert pulled.returncode == 0, pulled.stderr
+    assert docker("image", "inspect", pushed).returncode == 0
+    # A registry that refuses: exit 3, and the record says built, not pushed.
+    refused = run_cli("build", "-f", str(spec), "--tag", "127.0.0.1:9/launcher-test/train:v1", "--push",
+                      "--build-arg", f"BASE_IMAGE={base}", env=env, timeout=300)
+    assert refused.returncode == 3 and "push of 127.0.0.1:9/launcher-test/train:v1 refused" in refused.stderr
+    record = recorded_image(env)
+    assert record["tag"] == "127.0.0.1:9/launcher-test/train:v1" and record["pushed"] is None
+
+
+def test_two_node_run_trains_shows_both_nodes_and_leaves_no_container(project):
+    spec, env = project
+    done = run_cli("run", "-f", str(spec), "--backend", "docker", env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = run_id_from(done.stdout)
+    assert f"run {run_id} succeeded" in done.stdout
+    watched = run_cli("watch", run_id, "--no-follow", env=env)
+    for node in ("pytorch-ddp-main", "pytorch-ddp-worker-0"):
+        assert re.search(rf"\[{node}\s+r\d\] rank \d: epoch 3/3", watched.stdout), watched.stdout
+    assert (spec.parent / "work_dir" / run_id / "outputs" / "pytorch-ddp-main" / "model.pt").is_file()
+    status = json.loads(run_cli("status", run_id, "--json", env=env).stdout)
+    assert status["result"] == "succeeded"
+    info = info_of(Path(env["LAUNCHER_HOME"]), run_id)
+    assert info["backend"] == "docker" and set(info["backend_ids"]["containers"]) == set(info["nodes"])
+    assert wait_for(lambda: not run_containers(run_id) and not run_networks(run_id), 30)
+
+
+def wait_for(condition, timeout: float) -> bool:
+    """For the supervisor's removal, which has no event the test can subscribe to."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+def test_docker_kill_of_a_node_fails_the_run_fast_and_names_it(project):
+    spec, env = project
+    started = run_cli("run", "-f", str(spec), "--backend", "docker", "--detach", "--", "--epochs", "500", env=env)
+    assert started.returncode == 0, started.stderr
+    run_id = run_id_from(started.stdout)
+    watcher = Watcher(run_id, env)
+    watcher.wait_for(r"\[pytorch-ddp-worker-0\s+r\d\] rank \d: epoch 1/500", timeout=180)
+    killed_at = time.monotonic()
+    assert docker("kill", f"{run_id}-pytorch-ddp-worker-0").returncode == 0
+    code, output = watcher.finish(timeout=60)
+    assert code == 1, output
+    assert time.monotonic() - killed_at < 10 + 5, "the run must end within 10 s of the kill (+ watch's poll)"
+    status = json.loads(run_cli("status", run_id, "--json", env=env).stdout)
+    assert status["result"] == "failed"
+    assert status["first_failure"]["node"] == "pytorch-ddp-worker-0" and status["first_failure"]["exit_code"] == 137
+    assert wait_for(lambda: not run_containers(run_id), 30)
+
+
+def test_cancel_leaves_no_container(project):
+    spec, env = project
+    started = run_cli("run", "-f", str(spec), "--backend", "docker", "--detach", "--", "--epochs", "500", env=env)
+    run_id = run_id_from(started.stdout)
+    Watcher(run_id, env).wait_for(r"rank \d: epoch 1/500", timeout=180)
+    done = run_cli("cancel", run_id, "--grace", "10", env=env)
+    assert done.returncode == 0, done.stderr
+    assert run_containers(run_id) == [] and run_networks(run_id) == []
+    assert json.loads(run_cli("status", run_id, "--json", env=env).stdout)["result"] == "cancelled"
+
+
+HOSTILE_ARGS = ["it's \"quoted\"", "$(touch /tmp/pwned) `id` $HOME", "two\nlines", "naïve ☃ 日本", "--flag=a b", ""]
+
+
+def test_hostile_args_reach_the_script_byte_for_byte(project, tmp_path):
+    spec, env = project
+    (spec.parent / "echo_args.py").write_text(
+        "import json, sys\nprint('ARGV ' + json.dumps(sys.argv[1:]), flush=True)\n")
+    spec_text = spec.read_text().replace("entryPoint: train.py", "entryPoint: echo_args.py")
+    echo_spec = spec.parent / "echo.yaml"
+    echo_spec.write_text(spec_text)
+    built = run_cli("build", "-f", str(echo_spec), "--build-arg",
+                    f"BASE_IMAGE={recorded_image(env)['build_args']['BASE_IMAGE']}", env=env, timeout=300)
+    assert built.returncode == 0, built.stderr
+    done = run_cli("run", "-f", str(echo_spec), "--backend", "docker", "--", *HOSTILE_ARGS, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = [json.loads(line.split("ARGV ", 1)[1]) for line in done.stdout.splitlines() if "ARGV " in line]
+    assert seen == [HOSTILE_ARGS, HOSTILE_ARGS]  # one per node
+
+
+def test_docker_compose_up_trains_to_completion(project, docker_compose_bin):
+    spec, env = project
+    out = spec.parent / "docker-compose.yaml"
+    done = run_cli("compose", "-f", str(spec), "-o", str(out), "--force", env=env)
+    assert done.returncode == 0, done.stderr
+    document = yaml.safe_load(out.read_text())
+    main = document["services"]["pytorch-ddp-main"]
+    assert main["image"] == recorded_image(env)["tag"] and main["build"]["args"]["BASE_IMAGE"]
+    config = subprocess.run([docker_compose_bin, "-f", str(out), "config", "-q"], capture_output=True, text=True)
+    assert config.returncode == 0, config.stderr
+    up = subprocess.run([docker_compose_bin, "-f", str(out), "up", "--abort-on-container-exit", "-t", "120"],
+                        capture_output=True, text=True, timeout=600, cwd=spec.parent)
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        run_id = main["environment"]["LAUNCHER_RUN_ID"]
+        for node in ("pytorch-ddp-main", "pytorch-ddp-worker-0"):
+            status = json.loads((spec.parent / "work_dir" / run_id / "status" / f"{node}.json").read_text())
+            assert status["state"] == "succeeded"
+        again = subprocess.run([docker_compose_bin, "-f", str(out), "up", "--abort-on-container-exit"],
+                               capture_output=True, text=True, timeout=300, cwd=spec.parent)
+        assert again.returncode != 0 and "its run id was used before" in again.stdout + again.stderr
+    finally:
+        subprocess.run([docker_compose_bin, "-f", str(out), "down", "-t", "1"], capture_output=True, timeout=120)
