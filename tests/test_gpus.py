@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import yaml
 
 from clirun import run_id_from
 from cluster import write_spec
@@ -118,6 +119,26 @@ def test_the_dry_run_shows_each_local_nodes_gpus(tmp_path, fake_gpus, count, dev
     assert any("decided on each node" in n for n in dry["notes"])
     text = run_cli("run", "-f", str(spec), "--dry-run").stdout
     assert not note or note in text
+
+
+@pytest.mark.parametrize("count, devices", [(0, [None, None]), (1, [None, None]), (4, [["0", "1"], ["2", "3"]])])
+def test_docker_nodes_get_the_same_share_as_device_requests(tmp_path, fake_gpus, count, devices):
+    """Containers get host GPUs by device request (renumbered from 0 inside), never by a host index in env."""
+    fake_gpus(count)
+    spec = write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": "auto"})
+    done = run_cli("run", "-f", str(spec), "--backend", "docker", "--dry-run", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    dry = json.loads(done.stdout)
+    requests = [request["body"].get("device_requests") for request in dry["requests"]]
+    assert requests == [None if ids is None else [{"Driver": "nvidia", "DeviceIDs": ids, "Capabilities": [["gpu"]]}]
+                        for ids in devices]
+    assert all("CUDA_VISIBLE_DEVICES" not in node["env"] for node in dry["nodes"])
+    compose = tmp_path / "compose.yaml"
+    assert run_cli("compose", "-f", str(spec), "-o", str(compose)).returncode == 0
+    services = yaml.safe_load(compose.read_text())["services"].values()
+    assert [s.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices") for s in services] == \
+        [None if ids is None else [{"driver": "nvidia", "device_ids": ids, "capabilities": ["gpu"]}]
+         for ids in devices]
 
 
 def test_a_spec_that_pins_devices_is_left_alone(tmp_path, fake_gpus):

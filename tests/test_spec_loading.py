@@ -186,3 +186,21 @@ def test_defaults_are_applied(tmp_path):
                                                                    "distributed-worker")
     assert (cluster.processes_per_node, cluster.rendezvous_timeout, cluster.port) == (1, 600, 0)
     assert json.dumps(spec.runtime.args) == "[]"
+
+
+def test_docker_volumes_shm_size_and_network_are_checked(tmp_path):
+    docker = VALID.replace("    type: local\n", "    type: docker\n    spec:\n      volumes: ['bad', './data:/data:ro', "
+                           "'cache:/root/.cache', 'x:relative']\n      shmSize: banana\n      network: hots\n")
+    path = write(tmp_path, docker)
+    assert problems_of(path) == [
+        f"{path}:8:17: spec.infrastructure.spec.volumes[0]: must be SOURCE:TARGET or SOURCE:TARGET:ro (TARGET an "
+        "absolute path in the container; SOURCE a host path or a volume name) (got 'bad')",
+        f"{path}:8:65: spec.infrastructure.spec.volumes[3]: must be SOURCE:TARGET or SOURCE:TARGET:ro (TARGET an "
+        "absolute path in the container; SOURCE a host path or a volume name) (got 'x:relative')",
+        f"{path}:9:16: spec.infrastructure.spec.shmSize: must be a size such as 2g, 512m or 1073741824 (bytes) "
+        "(got 'banana')",
+        f"{path}:10:16: spec.infrastructure.spec.network: must be one of 'bridge', 'host' (got 'hots'); "
+        "did you mean 'host'?"]
+    good = write(tmp_path, docker.replace("'bad', ", "").replace(", 'x:relative'", "").replace("banana", "2g")
+                 .replace("hots", "host"), "good.yaml")
+    assert load_spec(good).infra.volumes == ("./data:/data:ro", "cache:/root/.cache")
