@@ -183,6 +183,7 @@ class Node:
         next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
         code = None
         own_failure: str | None = None  # maxRuntime or the hang watchdog: this node is the cause
+        stopped = False  # training was stopped on request (a signal after it ended changes nothing)
         training_started = time.monotonic()
         exited = _ExitEvent(self.proc.pid)
         while code is None:
@@ -198,6 +199,7 @@ class Node:
             if self.stop_request:
                 self.say(f"stopping training: {self.stop_request.reason}")
                 code = self._terminate()
+                stopped = True
                 break
             now = time.monotonic()
             if now >= next_heartbeat:
@@ -217,6 +219,8 @@ class Node:
             outputs_mod.remove_temporary(settings.outputs_dir)
         if own_failure:
             return self._finish("failed", own_failure, EXIT_TIMED_OUT, mark_failed=True)
+        if code == 0 and not stopped:  # training ended on its own, successfully: a later SIGTERM (compose
+            return self._finish("succeeded", None, 0)  # stopping the others as one exits) changes nothing
         if code != 0 and self.stop_request is None:
             # Did training fail because the run was cancelled or a peer failed first? Then that is the cause.
             self.stop_request = self._control_check(force=True)
@@ -224,8 +228,6 @@ class Node:
             cancelled = self.stop_request.state == "cancelled"
             return self._finish(self.stop_request.state, self.stop_request.reason,
                                 EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
-        if code == 0:
-            return self._finish("succeeded", None, 0)
         if code == EXIT_NO_MAIN:
             reason = (f"the main node {decision.main} did not open {decision.master_addr}:{decision.master_port} "
                       f"within {settings.rendezvous_timeout:g}s")

@@ -2,7 +2,8 @@
 node, and what the node printed before the kill is kept in the work dir (issue 7, faults class).
 
 Training is covered in test_local_backend.py and the supervisor in test_run_lifecycle.py; here:
-a node killed while it waits for its peers, and one killed while it syncs its outputs.
+a node killed while it waits for its peers, one killed while it syncs its outputs, and one sent
+SIGTERM while it syncs after training succeeded.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ if os.environ["LAUNCHER_NODE_NAME"] == "t-worker-0":
         fd = os.pidfd_open(torchrun)
         import select
         select.select([fd], [], [])
-        os.kill(node, signal.SIGKILL)  # the node is now syncing 3000 files
+        os.kill(node, signal.SIGNAL)  # the node is now syncing 3000 files
         os._exit(0)
 print("wrote outputs", flush=True)
 """
@@ -75,7 +76,7 @@ def test_node_killed_while_waiting_for_its_peers(tmp_path, launcher_home):
 
 
 def test_node_killed_while_syncing_outputs_loses_no_output(tmp_path, launcher_home):
-    spec = write_spec(tmp_path, WRITE_THEN_KILL_NODE_DURING_SYNC, nodes=2)
+    spec = write_spec(tmp_path, WRITE_THEN_KILL_NODE_DURING_SYNC.replace("SIGNAL", "SIGKILL"), nodes=2)
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
     assert done.returncode == 1, done.stdout + done.stderr
     run_id = run_id_from(done.stdout)
@@ -89,3 +90,16 @@ def test_node_killed_while_syncing_outputs_loses_no_output(tmp_path, launcher_ho
     saved = tmp_path / "wd" / run_id / "console"
     texts = [path.read_text() for path in [saved / "t-worker-0.log", *(saved / "t-worker-0").rglob("stdout.log")]]
     assert any("wrote outputs" in text for text in texts)
+
+
+def test_sigterm_after_training_succeeded_finishes_the_sync_and_reports_success(tmp_path, launcher_home):
+    """What `docker-compose up --abort-on-container-exit` does to a node still saving its outputs
+    when a peer has exited: the node completes the sync, and its training's success stands."""
+    spec = write_spec(tmp_path, WRITE_THEN_KILL_NODE_DURING_SYNC.replace("SIGNAL", "SIGTERM"), nodes=2)
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = run_id_from(done.stdout)
+    worker = json.loads(run_cli("status", run_id, "--json").stdout)["nodes"]["t-worker-0"]
+    assert worker["state"] == "succeeded" and worker["exit_code"] == 0
+    synced = list((tmp_path / "wd" / run_id / "outputs" / "t-worker-0").glob("part-*.txt"))
+    assert len(synced) == 3000
