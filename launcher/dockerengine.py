@@ -14,8 +14,8 @@ def connect() -> Any:
         import docker
         import docker.errors
     except ImportError:
-        raise BackendError("the Docker SDK is not installed; install it with: pip install 'launcher[docker]' "
-                           "(or pip install docker)") from None
+        raise BackendError("the Docker SDK is missing from this installation of launcher; reinstall it, or: "
+                           "pip install 'docker>=7.0'") from None
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
         client = docker.from_env(timeout=120)

@@ -223,3 +223,25 @@ def test_docker_compose_up_trains_to_completion(project, docker_compose_bin):
         assert again.returncode != 0 and "its run id was used before" in again.stdout + again.stderr
     finally:
         subprocess.run([docker_compose_bin, "-f", str(out), "down", "-t", "1"], capture_output=True, timeout=120)
+
+
+def test_s3_work_dir_on_the_host_network(project, moto, tmp_path):
+    """An object-store work dir reached over the network: the nodes get the endpoint and keys from --env."""
+    spec, env = project
+    moto.make_bucket("docker-s3-run")
+    s3_spec = spec.parent / "s3.yaml"
+    s3_spec.write_text(spec.read_text()
+                       .replace("workDir: ./work_dir", "workDir: s3://docker-s3-run/runs")
+                       .replace("image: \"@image\"", f"image: {recorded_image(env)['tag']}")
+                       .replace("    type: local\n", "    type: docker\n    spec:\n      network: host\n"))
+    node_env = [f"--env={name}={value}" for name, value in moto.env().items()]
+    done = run_cli("run", "-f", str(s3_spec), *node_env, env={**env, **moto.env()}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "work dir s3://docker-s3-run/runs/" in done.stdout
+    run_id = run_id_from(done.stdout)
+    assert "MASTER_ADDR=127.0.0.1" in done.stdout
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=moto.endpoint, skip_instance_cache=True)
+    assert fs.exists(f"docker-s3-run/runs/{run_id}/outputs/pytorch-ddp-main/model.pt")
+    assert not (spec.parent / "work_dir" / run_id).exists()
