@@ -31,7 +31,10 @@ def unusable_reason(url: str) -> str | None:
         return f"unsupported work dir scheme '{kind}://' (use a directory, s3:// or oci://)"
     if importlib.util.find_spec(package) is None:
         return f"the Python package '{package}' is not installed"
-    if kind == "oci" and not Path(os.environ.get("OCI_CONFIG_FILE", "~/.oci/config")).expanduser().exists() \
-            and "OCI_RESOURCE_PRINCIPAL_VERSION" not in os.environ:
-        return "no OCI credentials (~/.oci/config) on this machine"
+    if kind == "oci":
+        from launcher.ociauth import auth_method, config_location
+
+        path, _ = config_location()
+        if auth_method() in ("api_key", "security_token") and not Path(path).exists():
+            return f"no OCI credentials ({path}) on this machine"
     return None

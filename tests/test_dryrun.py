@@ -57,11 +57,29 @@ def test_dry_run_outputs_parse_and_agree(backend, tmp_path):
 def test_ads_documentation_example_dry_runs_unchanged():
     done = run_cli("run", "-f", str(SPECS / "ads_docs_pytorch.yaml"), "--dry-run", "--output", "json")
     assert done.returncode == 0, done.stderr
-    assert [r["operation"] for r in json.loads(done.stdout)["requests"]] == ["create_job"] + ["create_job_run"] * 4
+    assert [r["operation"] for r in json.loads(done.stdout)["requests"]] == ["create_job", "create_job_run"]
+
+
+def test_oci_native_dry_run_has_one_job_with_a_node_group_per_spec_group():
+    done = run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert [r["operation"] for r in data["requests"]] == ["create_job", "create_job_run"]
+    nodes = data["requests"][0]["body"]["jobNodeConfigurationDetails"]
+    assert nodes["jobNetworkConfiguration"] == {"jobNetworkType": "CUSTOM_NETWORK", "subnetId": "oci.xxxx.<subnet-ocid>"}
+    groups = nodes["jobNodeGroupConfigurationDetailsList"]
+    assert [(g["name"], g["replicas"], g["minimumSuccessReplicas"]) for g in groups] == [
+        ("PyTorch-Distributed-main", 1, 1), ("PyTorch-Distributed-worker", 2, 2)]
+    for group in groups:  # one env per group: each node works out its name from NODE_GROUP_NAME and NODE_RANK
+        env = group["jobConfigurationDetails"]["environmentVariables"]
+        assert "LAUNCHER_NODE_NAME" not in env and env["LAUNCHER_RUN_ID"] == data["run_id"]
+        assert group["jobInfrastructureConfigurationDetails"]["jobInfrastructureType"] == "MULTI_NODE"
+    assert "launch mode native" in " ".join(data["notes"])
 
 
 def test_oci_dry_run_has_one_create_job_and_one_job_run_per_node():
-    done = run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "json")
+    done = run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "json",
+                   "--set", "spec.infrastructure.spec.launchMode=perNode")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["image_build"] is None  # seed 004 names its image: nothing to build

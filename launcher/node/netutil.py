@@ -11,11 +11,35 @@ import time
 _ROUTE_PROBE = ("192.0.2.1", 9)
 
 
+# Set by OCI Data Science in multi-node jobs: the interface of the cluster network between nodes.
+CLUSTER_INTERFACE_VARIABLES = ("JR_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of network interface ``name`` (SIOCGIFADDR), or None when it has none."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            packed = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+
+
 def own_address() -> str:
-    """LAUNCHER_NODE_ADDRESS if set, else the source address of this host's default route."""
+    """LAUNCHER_NODE_ADDRESS if set; else the address of the cluster interface the service names;
+    else the source address of this host's default route."""
     override = os.environ.get("LAUNCHER_NODE_ADDRESS")
     if override:
         return override
+    for variable in CLUSTER_INTERFACE_VARIABLES:
+        interface = os.environ.get(variable, "").split(",")[0].strip()
+        address = interface_address(interface) if interface and not interface.startswith("^") else None
+        if address:
+            return address
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect(_ROUTE_PROBE)

@@ -49,10 +49,15 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
         return value
 
     try:
-        node = need("LAUNCHER_NODE_NAME")
         run_id = need("LAUNCHER_RUN_ID")
-        nodes = tuple(node_names.expand([(str(name), int(count)) for name, count
-                                         in json.loads(need("LAUNCHER_NODE_GROUPS"))]))
+        groups = [(str(name), int(count)) for name, count in json.loads(need("LAUNCHER_NODE_GROUPS"))]
+        nodes = tuple(node_names.expand(groups))
+        if env.get("LAUNCHER_NODE_NAME"):
+            node = env["LAUNCHER_NODE_NAME"]
+        elif env.get("NODE_GROUP_NAME") and env.get("NODE_RANK"):  # a service that shares one env per group
+            node = node_names.from_service(groups, env["NODE_GROUP_NAME"], int(env["NODE_RANK"]))
+        else:
+            node = need("LAUNCHER_NODE_NAME")
         if node not in nodes:
             raise SettingsError(f"LAUNCHER_NODE_NAME {node!r} is not a node of LAUNCHER_NODE_GROUPS "
                                 f"({len(nodes)} nodes)")

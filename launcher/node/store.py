@@ -98,6 +98,13 @@ class WorkDir:
             # hides chunks written since, and a follower that then sees the final status stops early.
             kwargs["use_listings_cache"] = False
 
+        if self.url.startswith("oci://") and not storage_options:
+            from launcher.ociauth import ocifs_options
+
+            try:
+                kwargs.update(ocifs_options())
+            except LauncherError as exc:
+                raise StoreError(f"work dir {self.url}: {exc}", permanent=True) from None
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **kwargs)
         except ImportError as exc:
@@ -157,7 +164,7 @@ class WorkDir:
     def create(self, key: str, data: bytes) -> bool:
         """Write only if absent; False if the object already exists.
 
-        Atomic on local directories (link) and S3 (If-None-Match); on other stores it is
+        Atomic on local directories (link), S3 and OCI Object Storage (If-None-Match); on other stores it is
         check-then-write, which the protocol tolerates because racing writers write equal bytes.
         """
         path = self._path(key)
@@ -166,6 +173,8 @@ class WorkDir:
             try:
                 if self.is_local:
                     _local_create(path, data)
+                elif "oci" in _protocols(self.fs):  # ocifs passes the header on to PutObject
+                    self.fs.touch(path, data=data, if_none_match="*")
                 else:
                     self.fs.pipe_file(path, data, mode="create", **self._timeout)
                 return True
@@ -272,10 +281,15 @@ def _is_precondition_failure(exc: Exception) -> bool:
     Judged by status and error code, never by digits in a message: an unreachable endpoint on
     port 41234 once read as "already exists".
     """
-    status = getattr(exc, "status", None)  # oci.exceptions.ServiceError
-    response = getattr(exc, "response", None)  # botocore.exceptions.ClientError
-    if isinstance(response, dict):
-        status = status or response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if response.get("Error", {}).get("Code") == "PreconditionFailed":
+    current: BaseException | None = exc
+    while current is not None:  # ocifs raises OSError(EINVAL) from the SDK's ServiceError(412)
+        status = getattr(current, "status", None)  # oci.exceptions.ServiceError
+        response = getattr(current, "response", None)  # botocore.exceptions.ClientError
+        if isinstance(response, dict):
+            status = status or response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if response.get("Error", {}).get("Code") == "PreconditionFailed":
+                return True
+        if status == 412 or "PreconditionFailed" in type(current).__name__:
             return True
-    return status == 412 or "PreconditionFailed" in type(exc).__name__
+        current = current.__cause__ or current.__context__
+    return False

@@ -56,6 +56,9 @@ class DataScienceJobInfra:
     subnet_id: str | None = None
     ocpus: float | None = None
     memory_gb: float | None = None
+    launch_mode: str = "auto"  # auto | native | perNode
+    delete_job: bool = False
+    endpoints: tuple[tuple[str, str], ...] = ()  # (service, base URL): dataScience, objectStorage, logging
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,8 @@ def build(data: dict, source: Path | None = None) -> tuple[Spec, list[Problem]]:
         env=_env(runtime_data.get("env")),
         kind=kind,
     )
+    if infra_data["type"] == "dataScienceJob":
+        problems += _oci_problems(infra_spec, main.replicas + worker.replicas)
     base_dir = source.parent if source else Path.cwd()
     warnings = tuple(entry_point_problems(runtime, base_dir))
     spec = Spec(name=name, infra_type=infra_data["type"], infra=_infra(infra_data["type"], infra_spec, name),
@@ -284,6 +289,20 @@ def _group(data: dict, default_name: str, default_replicas: int) -> NodeGroup:
     )
 
 
+def _oci_problems(spec: dict, nodes: int) -> list[Problem]:
+    """What OCI Data Science would refuse, or let fail, minutes after submission."""
+    path = ("spec", "infrastructure", "spec")
+    problems = []
+    if spec["shapeName"].endswith(".Flex") and not spec.get("shapeConfigDetails"):
+        problems.append(Problem(path + ("shapeName",), f"{spec['shapeName']} is a flexible shape: set "
+                                "shapeConfigDetails (ocpus and memoryInGBs) for it"))
+    if spec.get("launchMode") == "perNode" and nodes > 1 and not spec.get("subnetId"):
+        problems.append(Problem(path + ("launchMode",), f"perNode runs {nodes} separate job runs, which reach "
+                                "each other only on a subnet of yours: set subnetId (a subnet that allows traffic "
+                                "between its hosts), or use launchMode: native"))
+    return problems
+
+
 def _infra(kind: str, spec: dict, name: str) -> Infra:
     if kind == "dataScienceJob":
         shape = spec.get("shapeConfigDetails") or {}
@@ -293,6 +312,8 @@ def _infra(kind: str, spec: dict, name: str) -> Infra:
             block_storage_gb=spec.get("blockStorageSize", DEFAULT_BLOCK_STORAGE_GB),
             log_group_id=spec.get("logGroupId"), log_id=spec.get("logId"), subnet_id=spec.get("subnetId"),
             ocpus=shape.get("ocpus"), memory_gb=shape.get("memoryInGBs"),
+            launch_mode=spec.get("launchMode", "auto"), delete_job=bool(spec.get("deleteJob", False)),
+            endpoints=tuple(sorted((spec.get("endpoints") or {}).items())),
         )
     if kind == "docker":
         return DockerInfra(network=spec.get("network", "bridge"), volumes=tuple(spec.get("volumes", ())),

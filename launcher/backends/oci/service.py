@@ -1,0 +1,156 @@
+"""OCI Data Science through the ``oci`` SDK: submit a run (all or nothing), read its lifecycle, cancel, delete.
+
+Creates carry idempotency (``opc-retry-token``) so that the SDK's retries of 429 and 5xx answers
+never create a second job or run; 4xx answers are not retried and are reported with the
+service's own message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping, Sequence
+
+from launcher.backends.base import Request
+from launcher.backends.oci.bodies import JOB_ID_PLACEHOLDER
+from launcher.errors import BackendError
+from launcher.ociauth import endpoint, sdk_auth
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELED", "DELETED"}
+CANCELLABLE = {"ACCEPTED", "IN_PROGRESS", "NEEDS_ATTENTION"}
+
+
+def retry_strategy() -> Any:
+    """429 and 5xx retried with exponential backoff and jitter, for up to 2 minutes; other 4xx never."""
+    import oci
+
+    return oci.retry.RetryStrategyBuilder(
+        max_attempts=6, total_elapsed_time_seconds=120, retry_base_sleep_time_seconds=0.5,
+        retry_max_wait_between_calls_seconds=10, service_error_retry_on_any_5xx=True,
+        service_error_retry_config={429: [], 409: ["IncorrectState"]}).get_retry_strategy()
+
+
+def data_science(endpoints: Mapping[str, str]) -> Any:
+    import oci
+
+    config, signer = sdk_auth()
+    options: dict[str, Any] = {"retry_strategy": retry_strategy()}
+    if signer is not None:
+        options["signer"] = signer
+    url = endpoint("dataScience", endpoints)
+    if url:
+        options["service_endpoint"] = url
+    return oci.data_science.DataScienceClient(config, **options)
+
+
+def log_search(endpoints: Mapping[str, str]) -> Any:
+    import oci
+
+    config, signer = sdk_auth()
+    options: dict[str, Any] = {"retry_strategy": retry_strategy()}
+    if signer is not None:
+        options["signer"] = signer
+    url = endpoint("logging", endpoints)
+    if url:
+        options["service_endpoint"] = url
+    return oci.loggingsearch.LogSearchClient(config, **options)
+
+
+def service_message(exc: Exception) -> str:
+    status, code, message = (getattr(exc, name, None) for name in ("status", "code", "message"))
+    if status is None:
+        return str(exc)
+    return f"{status} {code}: {message}"
+
+
+def _model(client: Any, body: dict[str, Any], type_name: str) -> Any:
+    """The SDK model for a REST body: the SDK serialises it back to these very fields."""
+    import json
+
+    return client.base_client.deserialize_response_data(json.dumps(body).encode(), type_name)
+
+
+def _token(run_id: str, what: str) -> str:
+    return hashlib.sha256(f"{run_id}/{what}".encode()).hexdigest()[:48]
+
+
+def submit(client: Any, run_id: str, requests: Sequence[Request]) -> dict[str, Any]:
+    """Create the job and its run(s). On any refusal: cancel and delete what was made, then raise."""
+    import oci
+
+    job_request, run_requests = requests[0], requests[1:]
+    job_id = None
+    runs: dict[str, str] = {}
+    what = "the job"
+    try:
+        job = client.create_job(_model(client, job_request.body, "CreateJobDetails"),
+                                opc_retry_token=_token(run_id, "job")).data
+        job_id = job.id
+        for request in run_requests:
+            what = f"the job run for {request.target}"
+            body = {**request.body, "jobId": job_id} if request.body.get("jobId") == JOB_ID_PLACEHOLDER \
+                else request.body
+            run = client.create_job_run(_model(client, body, "CreateJobRunDetails"),
+                                        opc_retry_token=_token(run_id, f"run/{request.target}")).data
+            runs[request.target] = run.id
+    except (oci.exceptions.ServiceError, oci.exceptions.RequestException, oci.exceptions.ClientError) as exc:
+        left = cleanup(client, job_id, list(runs.values()))
+        raise BackendError(f"OCI Data Science refused {what}: {service_message(exc)}; {left}") from None
+    return {"job": job_id, "job_runs": runs}
+
+
+def cleanup(client: Any, job_id: str | None, run_ids: list[str]) -> str:
+    """Cancel the runs and delete the job (with its runs); say what could not be removed."""
+    problems = []
+    for run_id in run_ids:
+        try:
+            client.cancel_job_run(run_id)
+        except Exception as exc:  # noqa: BLE001 - reported, and the job delete below still runs
+            problems.append(f"cancel {run_id}: {service_message(exc)}")
+    if job_id:
+        try:
+            client.delete_job(job_id, delete_related_job_runs=True)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"delete {job_id}: {service_message(exc)}")
+    if problems:
+        return "could not remove everything: " + "; ".join(problems)
+    return "what was created was cancelled and deleted" if job_id else "nothing was created"
+
+
+def job_runs(client: Any, ids: Mapping[str, str]) -> dict[str, Any]:
+    """target -> JobRun (lifecycle, details, node groups); a run that cannot be read is left out."""
+    result = {}
+    for target, run_id in ids.items():
+        try:
+            result[target] = client.get_job_run(run_id).data
+        except Exception:  # noqa: BLE001 - status then shows what the work dir knows
+            continue
+    return result
+
+
+def cancel(client: Any, ids: Mapping[str, str]) -> list[str]:
+    cancelled = []
+    for target, run in job_runs(client, ids).items():
+        if run.lifecycle_state in CANCELLABLE:
+            client.cancel_job_run(run.id)
+            cancelled.append(target)
+    return cancelled
+
+
+def search_logs(client: Any, compartment: str, log_group: str, log: str, job_run: str,
+                since: Any, until: Any) -> list[str]:
+    """Lines the service's Logging holds for a job run, oldest first (for nodes that wrote no log chunk)."""
+    import oci
+
+    query = f'search "{compartment}/{log_group}/{log}" | where source = \'*{job_run}\' | sort by datetime asc'
+    details = oci.loggingsearch.models.SearchLogsDetails(time_start=since, time_end=until, search_query=query,
+                                                         is_return_field_info=False)
+    lines = []
+    page = None
+    while True:
+        response = client.search_logs(details, limit=1000, **({"page": page} if page else {}))
+        for result in response.data.results or []:
+            content = (result.data or {}).get("logContent", {})
+            lines.append(str((content.get("data") or {}).get("message", "")))
+        page = response.headers.get("opc-next-page")
+        if not page:
+            return lines

@@ -1,0 +1,519 @@
+"""A simulation of the OCI services launcher uses, at the wire, that really runs the nodes.
+
+One HTTP server on 127.0.0.1 serves Data Science (jobs, job runs), Object Storage (objects) and
+Logging search, as the ``oci`` SDK and ocifs call them (``LAUNCHER_OCI_ENDPOINT`` points every
+client here). It checks what the real service would: every request signed (the RSA signature
+over the listed headers verified with the caller's public key, ``x-content-sha256`` matching the
+body), unknown or missing fields, discriminators, and the documented env and command limits.
+
+A created job run really runs its nodes as local processes with the env the service sets
+(``NODE_RANK``, ``NODE_GROUP_NAME``, ``JOB_RUN_OCID``, the cluster interface variables, a
+resource principal), moves through ACCEPTED, IN_PROGRESS and SUCCEEDED/FAILED/CANCELED, and
+keeps each node's output for Logging search. Faults on demand: :meth:`OciSim.fail`.
+"""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import hashlib
+import http.server
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+REGION = "us-ashburn-1"
+TENANCY = "ocid1.tenancy.oc1..simtenancy"
+USER = "ocid1.user.oc1..simuser"
+MAX_ENV_CHARACTERS = 20_000
+MAX_COMMAND_BYTES = 2_048
+
+# Fields the service accepts, per model (camelCase), with the required ones; nested models by name.
+MODELS: dict[str, tuple[set[str], set[str]]] = {
+    "CreateJobDetails": ({"projectId", "compartmentId", "displayName", "description", "jobConfigurationDetails",
+                          "jobInfrastructureConfigurationDetails", "jobEnvironmentConfigurationDetails",
+                          "jobLogConfigurationDetails", "jobNodeConfigurationDetails", "freeformTags",
+                          "definedTags", "jobStorageMountConfigurationDetailsList"}, {"projectId", "compartmentId"}),
+    "CreateJobRunDetails": ({"projectId", "compartmentId", "jobId", "displayName", "jobConfigurationOverrideDetails",
+                             "jobEnvironmentConfigurationOverrideDetails", "jobLogConfigurationOverrideDetails",
+                             "jobInfrastructureConfigurationOverrideDetails", "jobNodeConfigurationOverrideDetails",
+                             "freeformTags", "definedTags"}, {"projectId", "compartmentId", "jobId"}),
+    "DEFAULT": ({"jobType", "environmentVariables", "commandLineArguments", "maximumRuntimeInMinutes",
+                 "startupProbeDetails"}, {"jobType"}),
+    "STANDALONE": ({"jobInfrastructureType", "shapeName", "subnetId", "blockStorageSizeInGBs", "jobShapeConfigDetails"},
+                   {"jobInfrastructureType", "shapeName", "subnetId", "blockStorageSizeInGBs"}),
+    "ME_STANDALONE": ({"jobInfrastructureType", "shapeName", "blockStorageSizeInGBs", "jobShapeConfigDetails"},
+                      {"jobInfrastructureType", "shapeName", "blockStorageSizeInGBs"}),
+    "MULTI_NODE": ({"jobInfrastructureType", "shapeName", "blockStorageSizeInGBs", "jobShapeConfigDetails"},
+                   {"jobInfrastructureType", "shapeName", "blockStorageSizeInGBs"}),
+    "OCIR_CONTAINER": ({"jobEnvironmentType", "image", "cmd", "entrypoint", "imageDigest", "imageSignatureId"},
+                       {"jobEnvironmentType", "image"}),
+    "log": ({"enableLogging", "enableAutoLogCreation", "logGroupId", "logId"}, set()),
+    "MULTI_NODE_CONFIG": ({"jobNodeType", "startupOrder", "maximumRuntimeInMinutes", "jobNetworkConfiguration",
+                           "jobNodeGroupConfigurationDetailsList"}, {"jobNodeType", "jobNodeGroupConfigurationDetailsList"}),
+    "CUSTOM_NETWORK": ({"jobNetworkType", "subnetId"}, {"jobNetworkType", "subnetId"}),
+    "DEFAULT_NETWORK": ({"jobNetworkType"}, {"jobNetworkType"}),
+    "group": ({"name", "replicas", "minimumSuccessReplicas", "jobInfrastructureConfigurationDetails",
+               "jobConfigurationDetails", "jobEnvironmentConfigurationDetails"}, {"name"}),
+    "shape": ({"ocpus", "memoryInGBs", "cpuBaseline"}, set()),
+}
+DISCRIMINATED = {"jobConfigurationDetails": "jobType", "jobConfigurationOverrideDetails": "jobType",
+                 "jobInfrastructureConfigurationDetails": "jobInfrastructureType",
+                 "jobEnvironmentConfigurationDetails": "jobEnvironmentType",
+                 "jobEnvironmentConfigurationOverrideDetails": "jobEnvironmentType",
+                 "jobNetworkConfiguration": "jobNetworkType"}
+NAMED = {"jobLogConfigurationDetails": "log", "jobNodeConfigurationDetails": "MULTI_NODE_CONFIG",
+         "jobShapeConfigDetails": "shape"}
+
+
+class Refused(Exception):
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def validate(body: Any, model: str, where: str = "") -> None:
+    """Refuse what the service would: unknown and missing fields, bad discriminators, limits."""
+    if not isinstance(body, dict):
+        raise Refused(400, "InvalidParameter", f"{where or model}: expected an object")
+    allowed, required = MODELS[model]
+    for name in sorted(set(body) - allowed):
+        raise Refused(400, "InvalidParameter", f"{where}{name}: unknown field for {model}")
+    for name in sorted(required - set(body)):
+        raise Refused(400, "MissingParameter", f"{where}{name}: required")
+    for name, value in body.items():
+        path = f"{where}{name}."
+        if name in DISCRIMINATED:
+            kind = value.get(DISCRIMINATED[name]) if isinstance(value, dict) else None
+            if kind not in MODELS or kind in ("log", "group", "shape"):
+                raise Refused(400, "InvalidParameter", f"{path}{DISCRIMINATED[name]}: unknown value {kind!r}")
+            validate(value, kind, path)
+        elif name in NAMED:
+            validate(value, NAMED[name], path)
+        elif name == "jobNodeGroupConfigurationDetailsList":
+            for index, group in enumerate(value):
+                validate(group, "group", f"{where}{name}[{index}].")
+        elif name == "environmentVariables":
+            size = sum(len(k) + len(str(v)) for k, v in value.items())
+            if size > MAX_ENV_CHARACTERS:
+                raise Refused(400, "InvalidParameter", f"{path[:-1]}: {size} characters, over {MAX_ENV_CHARACTERS}")
+    if model == "OCIR_CONTAINER" and len(json.dumps(body.get("cmd", []) + body.get("entrypoint", [])).encode()) \
+            >= MAX_COMMAND_BYTES:
+        raise Refused(400, "InvalidParameter", f"{where}cmd: cmd and entrypoint over {MAX_COMMAND_BYTES} bytes")
+
+
+def new_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def pem(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def fingerprint(key: rsa.RSAPrivateKey) -> str:
+    der = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    digest = hashlib.md5(der).hexdigest()
+    return ":".join(digest[i:i + 2] for i in range(0, 32, 2))
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@dataclass
+class Node:
+    name: str
+    rank: int
+    group: str
+    env: dict[str, str]
+    process: subprocess.Popen | None = None
+    output: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+
+
+@dataclass
+class JobRun:
+    id: str
+    job: dict[str, Any]
+    body: dict[str, Any]
+    state: str = "ACCEPTED"
+    details: str = ""
+    nodes: list[Node] = field(default_factory=list)
+    groups: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (state, details)
+    created: float = field(default_factory=time.time)
+
+
+class OciSim:
+    """The server. ``images`` maps an image name to the code directory its container would hold."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.user_key = new_key()
+        self.keys: dict[str, Any] = {f"{TENANCY}/{USER}/{fingerprint(self.user_key)}": self.user_key.public_key()}
+        self.images: dict[str, Path] = {}
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, JobRun] = {}
+        self.objects: dict[tuple[str, str, str], tuple[bytes, float]] = {}
+        self.requests: list[tuple[str, str, Any]] = []  # (method, path, parsed body) of every accepted request
+        self.faults: list[tuple[str, str, int, str, str, int]] = []  # (method, path regex, status, code, msg, times)
+        self.dying: dict[str, str] = {}  # node name -> "never_starts" | "dies"
+        self.lock = threading.RLock()
+        self.ids = itertools.count(1)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    # -- the user's side ---------------------------------------------------------------------------
+    def write_config(self, directory: Path) -> Path:
+        """An ~/.oci/config with an API key the server knows."""
+        key_file = directory / "oci_api_key.pem"
+        key_file.write_bytes(pem(self.user_key))
+        config = directory / "config"
+        config.write_text(f"[DEFAULT]\nuser={USER}\nfingerprint={fingerprint(self.user_key)}\ntenancy={TENANCY}\n"
+                          f"region={REGION}\nkey_file={key_file}\n")
+        return config
+
+    def fail(self, method: str, path: str, status: int, code: str, message: str, times: int = 1) -> None:
+        with self.lock:
+            self.faults.append((method, path, status, code, message, times))
+
+    def stop(self) -> None:
+        with self.lock:
+            for run in self.runs.values():
+                for node in run.nodes:
+                    if node.process and node.process.poll() is None:
+                        os.killpg(node.process.pid, signal.SIGKILL)
+        self.server.shutdown()
+
+    # -- HTTP ----------------------------------------------------------------------------------------
+    def _handler(self) -> type:
+        sim = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = self.rfile.read(length) if length else b""
+                try:
+                    sim._verify(self.command, self.path, self.headers, body)
+                    sim._fault(self.command, self.path)
+                    status, payload, headers = sim._route(self.command, self.path, self.headers, body)
+                except Refused as refusal:
+                    status, headers = refusal.status, {}
+                    payload = {"code": refusal.code, "message": refusal.message}
+                raw = payload if isinstance(payload, bytes) else (b"" if payload is None else json.dumps(payload).encode())
+                self.send_response(status)
+                self.send_header("opc-request-id", f"sim-{next(sim.ids)}")
+                if not isinstance(payload, bytes):
+                    self.send_header("content-type", "application/json")
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(raw)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _serve
+
+        return Handler
+
+    def _verify(self, method: str, target: str, headers: Any, body: bytes) -> None:
+        auth = headers.get("authorization") or ""
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', auth))
+        if not auth.startswith("Signature ") or fields.get("algorithm") != "rsa-sha256":
+            raise Refused(401, "NotAuthenticated", "the request is not signed")
+        names = fields.get("headers", "").split()
+        needed = ["date", "(request-target)", "host"]
+        if method in ("POST", "PUT") and "/o/" not in target:  # object bodies are signed without content headers
+            needed += ["content-length", "content-type", "x-content-sha256"]
+        if any(name not in names for name in needed):
+            raise Refused(401, "NotAuthenticated", f"signed headers {names} lack some of {needed}")
+        if "x-content-sha256" in names and headers.get("x-content-sha256") != \
+                base64.b64encode(hashlib.sha256(body).digest()).decode():
+            raise Refused(401, "NotAuthenticated", "x-content-sha256 does not match the body")
+        key = self._public_key(fields.get("keyId", ""))
+        lines = [f"(request-target): {method.lower()} {target}" if name == "(request-target)"
+                 else f"{name}: {headers.get(name)}" for name in names]
+        try:
+            key.verify(base64.b64decode(fields.get("signature", "")), "\n".join(lines).encode(),
+                       padding.PKCS1v15(), hashes.SHA256())
+        except Exception:
+            raise Refused(401, "NotAuthenticated", "the signature does not verify") from None
+        date = email.utils.parsedate_to_datetime(headers.get("date"))
+        if abs(date.timestamp() - time.time()) > 300:
+            raise Refused(401, "NotAuthenticated", "the date header is more than 5 minutes off")
+
+    def _public_key(self, key_id: str) -> Any:
+        with self.lock:
+            if key_id.startswith("ST$"):  # a resource principal session token: its key is the one we issued
+                claims = json.loads(base64.urlsafe_b64decode(key_id[3:].split(".")[1] + "=="))
+                key = self.keys.get(f"rpst:{claims.get('jti')}")
+            else:
+                key = self.keys.get(key_id)
+        if key is None:
+            raise Refused(401, "NotAuthenticated", f"unknown keyId {key_id[:40]}")
+        return key
+
+    def _fault(self, method: str, target: str) -> None:
+        with self.lock:
+            for index, (want_method, pattern, status, code, message, times) in enumerate(self.faults):
+                if want_method == method and re.search(pattern, target):
+                    if times <= 1:
+                        self.faults.pop(index)
+                    else:
+                        self.faults[index] = (want_method, pattern, status, code, message, times - 1)
+                    raise Refused(status, code, message)
+
+    def _route(self, method: str, target: str, headers: Any, body: bytes) -> tuple[int, Any, dict]:
+        url = urllib.parse.urlsplit(target)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        path = url.path
+        match = re.fullmatch(r"/n/([^/]+)/b/([^/]+)/o(?:/(.+))?", path)
+        if match:
+            with self.lock:
+                self.requests.append((method, path, None))
+            namespace, bucket, name = match[1], match[2], urllib.parse.unquote(match[3] or "")
+            return self._object(method, namespace, bucket, name, query, headers, body)
+        if re.fullmatch(r"/n/[^/]+/b/[^/]+", path) and method in ("GET", "HEAD"):  # the bucket exists
+            return 200, {"name": path.rsplit("/", 1)[1]}, {"etag": "bucket-1"}
+        try:
+            data = json.loads(body) if body else None
+        except ValueError:
+            raise Refused(400, "InvalidParameter", "the body is not JSON") from None
+        with self.lock:
+            self.requests.append((method, path, data))
+        if path == "/20190101/jobs" and method == "POST":
+            validate(data, "CreateJobDetails")
+            return 200, self._create_job(data), {"etag": "1"}
+        if (found := re.fullmatch(r"/20190101/jobs/([^/]+)", path)) and method in ("GET", "DELETE"):
+            job = self.jobs.get(found[1])
+            if job is None:
+                raise Refused(404, "NotAuthorizedOrNotFound", f"job {found[1]} not found")
+            if method == "DELETE":
+                job["lifecycleState"] = "DELETED"
+                for run in self.runs.values():
+                    if run.job is job:
+                        self._cancel(run)
+                return 204, None, {}
+            return 200, job, {"etag": "1"}
+        if path == "/20190101/jobRuns" and method == "POST":
+            validate(data, "CreateJobRunDetails")
+            return 200, self._create_run(data), {"etag": "1"}
+        if (found := re.fullmatch(r"/20190101/jobRuns/([^/]+)(/actions/cancelJobRun)?", path)):
+            run = self.runs.get(found[1])
+            if run is None:
+                raise Refused(404, "NotAuthorizedOrNotFound", f"job run {found[1]} not found")
+            if found[2] and method == "POST":
+                self._cancel(run)
+                return 202, None, {}
+            return 200, self._run_view(run), {"etag": "1"}
+        if path == "/20190909/search" and method == "POST":
+            return 200, self._search(data), {}
+        raise Refused(404, "NotFound", f"{method} {path} is not served by this simulation")
+
+    # -- Object Storage ------------------------------------------------------------------------------
+    def _object(self, method: str, namespace: str, bucket: str, name: str, query: dict, headers: Any,
+                body: bytes) -> tuple[int, Any, dict]:
+        key = (namespace, bucket, name)
+        with self.lock:
+            if method == "PUT":
+                if headers.get("if-none-match") == "*" and key in self.objects:
+                    raise Refused(412, "IfNoneMatchFailed", f"object {name} already exists")
+                self.objects[key] = (body, time.time())
+                return 200, None, {"etag": hashlib.md5(body).hexdigest()}
+            if not name and method == "GET":
+                return 200, self._list(namespace, bucket, query), {}
+            stored = self.objects.get(key)
+            if stored is None:
+                raise Refused(404, "ObjectNotFound", f"object {name} not found in bucket {bucket}")
+            if method == "DELETE":
+                del self.objects[key]
+                return 204, None, {}
+            data, modified = stored
+            meta = {"etag": hashlib.md5(data).hexdigest(), "content-md5": base64.b64encode(hashlib.md5(data).digest())
+                    .decode(), "last-modified": email.utils.formatdate(modified, usegmt=True),
+                    "content-type": "application/octet-stream", "accept-ranges": "bytes",
+                    "version-id": f"v{int(modified * 1e6)}", "storage-tier": "Standard"}
+            wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", headers.get("range") or "")
+            if wanted and method == "GET":
+                first = int(wanted[1])
+                last = min(int(wanted[2]) if wanted[2] else len(data) - 1, len(data) - 1)
+                meta["content-range"] = f"bytes {first}-{last}/{len(data)}"
+                return 206, data[first:last + 1], meta
+            return 200, data, meta  # for HEAD the handler sends the headers only
+
+    def _list(self, namespace: str, bucket: str, query: dict) -> dict[str, Any]:
+        prefix, delimiter = query.get("prefix", ""), query.get("delimiter")
+        start, limit = query.get("start", ""), int(query.get("limit", "1000"))
+        objects, prefixes = [], set()
+        for (ns, b, name), (data, modified) in sorted(self.objects.items()):
+            if ns != namespace or b != bucket or not name.startswith(prefix) or name < start:
+                continue
+            rest = name[len(prefix):]
+            if delimiter and delimiter in rest:
+                prefixes.add(prefix + rest.split(delimiter)[0] + delimiter)
+                continue
+            objects.append({"name": name, "size": len(data), "etag": hashlib.md5(data).hexdigest(),
+                            "md5": base64.b64encode(hashlib.md5(data).digest()).decode(),
+                            "timeCreated": _iso(modified), "timeModified": _iso(modified)})
+        page, rest = objects[:limit], objects[limit:]
+        return {"objects": page, "prefixes": sorted(prefixes), **({"nextStartWith": rest[0]["name"]} if rest else {})}
+
+    # -- Data Science --------------------------------------------------------------------------------
+    def _create_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        job_id = f"ocid1.datasciencejob.oc1.iad.sim{next(self.ids)}"
+        job = {**body, "id": job_id, "lifecycleState": "ACTIVE", "timeCreated": _iso(time.time()),
+               "createdBy": USER}
+        with self.lock:
+            self.jobs[job_id] = job
+        return job
+
+    def _create_run(self, body: dict[str, Any]) -> dict[str, Any]:
+        job = self.jobs.get(body["jobId"])
+        if job is None or job["lifecycleState"] != "ACTIVE":
+            raise Refused(404, "NotAuthorizedOrNotFound", f"job {body['jobId']} not found or not active")
+        run = JobRun(f"ocid1.datasciencejobrun.oc1.iad.sim{next(self.ids)}", job, body)
+        with self.lock:
+            self.runs[run.id] = run
+        threading.Thread(target=self._execute, args=(run,), daemon=True).start()
+        return self._run_view(run)
+
+    def _run_view(self, run: JobRun) -> dict[str, Any]:
+        view = {"id": run.id, "jobId": run.job["id"], "projectId": run.body["projectId"],
+                "compartmentId": run.body["compartmentId"], "displayName": run.body.get("displayName"),
+                "lifecycleState": run.state, "lifecycleDetails": run.details, "timeAccepted": _iso(run.created),
+                "createdBy": USER, "freeformTags": run.body.get("freeformTags", {})}
+        if run.groups:
+            view["nodeGroupDetailsList"] = [{"name": name, "lifecycleState": state, "lifecycleDetails": details}
+                                            for name, (state, details) in run.groups.items()]
+        return view
+
+    def _node_plan(self, run: JobRun) -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
+        """(group, node label, env, container) per node, as the service would start them."""
+        job = run.job
+        multi = job.get("jobNodeConfigurationDetails")
+        if multi:
+            return [(group["name"], f"{group['name']}#{index}",
+                     dict(group["jobConfigurationDetails"].get("environmentVariables", {})),
+                     group["jobEnvironmentConfigurationDetails"])
+                    for group in multi["jobNodeGroupConfigurationDetailsList"] for index in range(group["replicas"])]
+        env = {**job["jobConfigurationDetails"].get("environmentVariables", {}),
+               **run.body.get("jobConfigurationOverrideDetails", {}).get("environmentVariables", {})}
+        container = run.body.get("jobEnvironmentConfigurationOverrideDetails") or job["jobEnvironmentConfigurationDetails"]
+        return [("", env.get("LAUNCHER_NODE_NAME", run.id), env, container)]
+
+    def _execute(self, run: JobRun) -> None:
+        plan = self._node_plan(run)
+        multi = bool(run.job.get("jobNodeConfigurationDetails"))
+        if multi:
+            run.groups = {group: ("CREATING", "") for group, *_ in plan}
+        metadata = self.workdir / f"{run.id}-nodes.json"
+        metadata.write_text(json.dumps([{"Rank": rank, "IPAddress": "127.0.0.1"} for rank in range(len(plan))]))
+        for rank, (group, label, env, container) in enumerate(plan):
+            code_dir = self.images.get(container["image"])
+            if code_dir is None or self.dying.get(env.get("LAUNCHER_NODE_NAME", label)) == "never_starts" or \
+                    self.dying.get(f"{group}#{rank}") == "never_starts":
+                self._finish(run, "FAILED", f"image {container['image']} could not be pulled for node {label}: "
+                             "manifest unknown", group or None)
+                return
+            node = Node(label, rank, group, self._service_env(run, rank, group, len(plan), metadata) | env)
+            argv = [sys.executable if part == "python" else part for part in container.get("entrypoint", []) +
+                    container.get("cmd", [])]
+            node.process = subprocess.Popen(argv, cwd=code_dir, env=node.env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+            run.nodes.append(node)
+            threading.Thread(target=self._pump, args=(node,), daemon=True).start()
+        with self.lock:
+            if run.state == "ACCEPTED":
+                run.state = "IN_PROGRESS"
+                run.groups = {group: ("ACTIVE", "") for group in run.groups}
+        for node in run.nodes:
+            node.exit_code = node.process.wait()
+        failed = [node for node in run.nodes if node.exit_code != 0]
+        if run.state in ("CANCELING", "CANCELED"):
+            self._finish(run, "CANCELED", "canceled by the user", None)
+        elif failed:
+            self._finish(run, "FAILED", "; ".join(f"node {n.name} exited with code {n.exit_code}" for n in failed),
+                         failed[0].group or None)
+        else:
+            self._finish(run, "SUCCEEDED", "", None)
+
+    def _service_env(self, run: JobRun, rank: int, group: str, size: int, metadata: Path) -> dict[str, str]:
+        key = new_key()
+        jti = f"{run.id}-{rank}"
+        claims = {"res_tenant": TENANCY, "res_compartment": run.body["compartmentId"], "jti": jti,
+                  "exp": int(time.time()) + 3600, "iat": int(time.time())}
+        header = _b64url(json.dumps({"alg": "none", "typ": "JWT"}).encode())
+        token = f"{header}.{_b64url(json.dumps(claims).encode())}.{_b64url(b'sim')}"
+        with self.lock:
+            self.keys[f"rpst:{jti}"] = key.public_key()
+        pem_file = self.workdir / f"{jti}.pem"
+        pem_file.write_bytes(pem(key))
+        env = {"PATH": os.environ["PATH"], "HOME": str(self.workdir), "LANG": "C.UTF-8",
+               "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+               "JOB_RUN_OCID": run.id, "JOB_OCID": run.job["id"], "TENANCY_OCID": TENANCY,
+               "PROJECT_OCID": run.body["projectId"], "JOB_RUN_COMPARTMENT_OCID": run.body["compartmentId"],
+               "OCI_RESOURCE_PRINCIPAL_VERSION": "2.2", "OCI_RESOURCE_PRINCIPAL_RPST": token,
+               "OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM": str(pem_file), "OCI_RESOURCE_PRINCIPAL_REGION": REGION}
+        # This simulated host's network between nodes is loopback (the real service names its cluster
+        # interface here in multi-node runs; per-node runs use their subnet's, the default route's).
+        env.update({"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "JR_SOCKET_IFNAME": "lo"})
+        if group:
+            env.update({"NODE_RANK": str(rank), "NODE_GROUP_NAME": group, "INITIAL_CLUSTER_SIZE": str(size),
+                        "CLUSTER_NODES_METADATA_FILE": str(metadata)})
+        return env
+
+    def _pump(self, node: Node) -> None:
+        for raw in node.process.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            node.output.append(line)
+            if self.dying.get(node.env.get("LAUNCHER_NODE_NAME", node.name)) == "dies" and "] rank " in line:
+                os.killpg(node.process.pid, signal.SIGKILL)
+
+    def _finish(self, run: JobRun, state: str, details: str, failed_group: str | None) -> None:
+        with self.lock:
+            run.state, run.details = state, details
+            run.groups = {name: (("FAILED", details) if name == failed_group else
+                                 ("DELETED" if state != "FAILED" else "ACTIVE", "")) for name in run.groups}
+
+    def _cancel(self, run: JobRun) -> None:
+        with self.lock:
+            if run.state in ("SUCCEEDED", "FAILED", "CANCELED"):
+                return
+            run.state = "CANCELING"
+            for node in run.nodes:
+                if node.process and node.process.poll() is None:
+                    os.killpg(node.process.pid, signal.SIGTERM)
+
+    # -- Logging -------------------------------------------------------------------------------------
+    def _search(self, data: dict[str, Any]) -> dict[str, Any]:
+        found = re.search(r"source = '\*([^']+)'", data.get("searchQuery", ""))
+        run = self.runs.get(found[1]) if found else None
+        results = []
+        for node in run.nodes if run else []:
+            for line in node.output:
+                results.append({"data": {"datetime": int(time.time() * 1000), "logContent": {
+                    "data": {"message": line}, "source": run.id, "type": "com.oraclecloud.datascience.jobrun.stdout"}}})
+        return {"results": results, "summary": {"resultCount": len(results), "fieldCount": 0}}
+
+
+def _iso(stamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp * 1000) % 1000:03d}Z"
