@@ -485,7 +485,7 @@ class OciSim:
         for raw in node.process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
             node.output.append(line)
-            if self.dying.get(node.env.get("LAUNCHER_NODE_NAME", node.name)) == "dies" and "] rank " in line:
+            if self.dying.get(node.env.get("LAUNCHER_NODE_NAME", node.name)) == "dies" and " epoch " in line:
                 os.killpg(node.process.pid, signal.SIGKILL)
 
     def _finish(self, run: JobRun, state: str, details: str, failed_group: str | None) -> None:

@@ -34,6 +34,7 @@ class NodeFate:
     reason: str | None = None
     console_log: str | None = None  # where the node's own output went, for the user to read
     ended_at: float | None = None
+    last_output: tuple[str, ...] = ()  # its last lines as the backend holds them (e.g. a cloud log service)
 
 
 @dataclass(frozen=True)

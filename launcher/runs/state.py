@@ -86,7 +86,8 @@ def all_runs() -> list[RunInfo]:
 
 
 def resolve_run(ref: str | None) -> RunInfo:
-    """A run id, a path to an info.yaml (or its directory), or None for the latest run."""
+    """A run id (or a unique prefix), a path to an info.yaml (or its directory), an OCI job or job run
+    OCID, or None for the latest run."""
     if not ref:
         runs = all_runs()
         if not runs:
@@ -100,6 +101,11 @@ def resolve_run(ref: str | None) -> RunInfo:
     by_id = runs_dir() / ref / "info.yaml"
     if by_id.is_file():
         return load(by_id)
+    if ref.startswith("ocid1."):  # a job or job run OCID of an OCI run
+        owners = [info for info in all_runs() if ref == info.backend_ids.get("job")
+                  or ref in (info.backend_ids.get("job_runs") or {}).values()]
+        if owners:
+            return owners[0]
     matches = [info for info in all_runs() if info.run_id.startswith(ref)]
     if len(matches) == 1:
         return matches[0]

@@ -47,7 +47,8 @@ class RunView:
                 continue
             lost[name] = {"node": name, "rank": self.rank_of(name), "exit_code": fate.exit_code,
                           "reason": fate.reason or "node process is gone", "at": fate.ended_at or time.time(),
-                          "console_log": fate.console_log, "last_output": console_tail(fate.console_log)}
+                          "console_log": fate.console_log,
+                          "last_output": list(fate.last_output[-3:]) or console_tail(fate.console_log)}
         return lost
 
     @property

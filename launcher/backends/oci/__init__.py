@@ -7,6 +7,7 @@ service knows of each node (its lifecycle, why it never started) is merged into 
 
 from __future__ import annotations
 
+import datetime
 import time
 from typing import Any
 
@@ -84,7 +85,7 @@ class OciBackend(Backend):
             return {}
         runs = service.job_runs(client, ids["job_runs"])
         if ids.get("mode") == "perNode":
-            return {node: _fate(run, None) for node, run in runs.items()}
+            return {node: self._with_logs(info, _fate(run, None), run) for node, run in runs.items()}
         [run] = runs.values() if runs else [None]
         if run is None:
             return {}
@@ -92,8 +93,26 @@ class OciBackend(Backend):
         fates = {}
         for node in info.nodes:
             names = [name for name in groups if node == name or node.startswith(f"{name}-")]
-            fates[node] = _fate(run, groups[max(names, key=len)] if names else None)
+            fates[node] = self._with_logs(info, _fate(run, groups[max(names, key=len)] if names else None), run)
         return fates
+
+    def _with_logs(self, info: RunInfo, fate: NodeFate, run: Any) -> NodeFate:
+        """For a job run that failed or was cancelled: its last lines from OCI Logging, for a node that
+        may have written nothing to the work dir (an error before it reached it)."""
+        from dataclasses import replace
+
+        from launcher.backends.oci import service
+
+        ids = info.backend_ids
+        if fate.running or run.lifecycle_state == "SUCCEEDED" or not (ids.get("log_group") and ids.get("log")):
+            return fate
+        try:
+            client = service.log_search(ids.get("endpoints") or {})
+            lines = service.search_logs(client, ids["compartment"], ids["log_group"], ids["log"], run.id,
+                                        run.time_accepted, datetime.datetime.now(datetime.timezone.utc))
+        except Exception:  # noqa: BLE001 - logs are a help here, not a requirement
+            return fate
+        return replace(fate, last_output=tuple(line for line in lines if line.strip())[-20:])
 
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         from launcher.backends.oci import service
