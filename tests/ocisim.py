@@ -187,6 +187,22 @@ class OciSim:
                           f"region={REGION}\nkey_file={key_file}\n")
         return config
 
+    def write_session_config(self, directory: Path) -> Path:
+        """A profile as `oci session authenticate` writes it: a session token and the key it was issued for."""
+        key = new_key()
+        jti = f"session-{next(self.ids)}"
+        with self.lock:
+            self.keys[f"rpst:{jti}"] = key.public_key()
+        claims = {"sub": USER, "tenant": TENANCY, "jti": jti, "exp": int(time.time()) + 3600}
+        token_file = directory / "token"
+        token_file.write_text(f"{_b64url(b'{}')}.{_b64url(json.dumps(claims).encode())}.{_b64url(b'sim')}")
+        key_file = directory / "session_key.pem"
+        key_file.write_bytes(pem(key))
+        config = directory / "session_config"
+        config.write_text(f"[SESSION]\nfingerprint={fingerprint(key)}\ntenancy={TENANCY}\nregion={REGION}\n"
+                          f"key_file={key_file}\nsecurity_token_file={token_file}\n")
+        return config
+
     def fail(self, method: str, path: str, status: int, code: str, message: str, times: int = 1) -> None:
         with self.lock:
             self.faults.append((method, path, status, code, message, times))

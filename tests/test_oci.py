@@ -82,10 +82,11 @@ def test_seed_004_trains_to_completion_on_an_oci_work_dir(project, sim):
 
 def test_per_node_job_runs_train_too(project, sim):
     spec, env = project
-    done = run_cli("run", "-f", str(spec), "--set", "spec.infrastructure.spec.launchMode=perNode", *EPOCHS,
-                   env=env, timeout=300)
+    done = run_cli("run", "-f", str(spec), "--set", "spec.infrastructure.spec.launchMode=perNode",
+                   "--set", "spec.infrastructure.spec.deleteJob=true", *EPOCHS, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(sim.runs) == 3 and {run.state for run in sim.runs.values()} == {"SUCCEEDED"}
+    assert [job["lifecycleState"] for job in sim.jobs.values()] == ["DELETED"]  # deleteJob, once it ended
     assert all(run.body["jobConfigurationOverrideDetails"]["environmentVariables"]["LAUNCHER_NODE_NAME"]
                for run in sim.runs.values())
 
@@ -230,3 +231,31 @@ def test_spec_checks_the_service_would_make_minutes_later(tmp_path):
     assert "its environment has" in big.stdout and "allows 20000" in big.stdout
     data = yaml.safe_load(run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "yaml").stdout)
     assert data["requests"][0]["body"]["jobNodeConfigurationDetails"]["jobNodeType"] == "MULTI_NODE"
+
+
+def test_auth_follows_the_oci_cli_conventions(sim, tmp_path, monkeypatch):
+    """API key profile, session-token profile and the OCI_CLI_AUTH choice; each signs requests the server accepts."""
+    import oci
+
+    from launcher.errors import BackendError
+    from launcher.ociauth import auth_method, sdk_auth
+
+    assert auth_method({}) == "api_key"
+    assert auth_method({"OCI_RESOURCE_PRINCIPAL_VERSION": "2.2"}) == "resource_principal"
+    assert auth_method({"OCI_CLI_AUTH": "instance_principal", "OCI_RESOURCE_PRINCIPAL_VERSION": "2.2"}) == \
+        "instance_principal"
+    with pytest.raises(BackendError, match="OCI_CLI_AUTH='password'"):
+        auth_method({"OCI_CLI_AUTH": "password"})
+    api_key = {"OCI_CLI_CONFIG_FILE": str(sim.write_config(tmp_path))}
+    session = {"OCI_CLI_CONFIG_FILE": str(sim.write_session_config(tmp_path)), "OCI_CLI_PROFILE": "SESSION"}
+    for env, signer_type in ((api_key, type(None)), (session, oci.auth.signers.SecurityTokenSigner)):
+        config, signer = sdk_auth(env)
+        assert isinstance(signer, signer_type)
+        client = oci.data_science.DataScienceClient(config, service_endpoint=sim.endpoint,
+                                                    retry_strategy=oci.retry.NoneRetryStrategy(),
+                                                    **({"signer": signer} if signer else {}))
+        with pytest.raises(oci.exceptions.ServiceError) as caught:
+            client.get_job("ocid1.datasciencejob.oc1.iad.none")
+        assert caught.value.status == 404  # signed well enough to be answered: an unsigned call gets 401
+    with pytest.raises(BackendError, match="OCI credentials"):
+        sdk_auth({"OCI_CLI_CONFIG_FILE": str(tmp_path / "missing")})

@@ -124,6 +124,9 @@ class Backend(ABC):
         """What the backend itself knows of each node (running, or ended how); {} when it cannot tell."""
         return {}
 
+    def release(self, info: RunInfo) -> None:
+        """The run has ended (as `run` or `watch` saw it): free what the backend still keeps for it."""
+
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         """Force-stop what is left after ``grace`` seconds (the cancel marker asked first); return what was forced."""
         raise self._not_yet("cancel")

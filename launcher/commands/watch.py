@@ -169,6 +169,7 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
             follower.state_changes(view, states)
         follower.poll(view)  # after reading the view: a node's last chunk precedes its final status
         if view.ended:
+            backend.release(info)
             break
         if not keep_following:
             return EXIT_OK

@@ -114,6 +114,14 @@ class OciBackend(Backend):
             return fate
         return replace(fate, last_output=tuple(line for line in lines if line.strip())[-20:])
 
+    def release(self, info: RunInfo) -> None:
+        """With ``deleteJob: true``: delete the job (and its runs) once the run is seen to end."""
+        from launcher.backends.oci import service
+
+        ids = info.backend_ids
+        if ids.get("delete_job") and ids.get("job"):
+            service.cleanup(service.data_science(ids.get("endpoints") or {}), ids["job"], [])
+
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         from launcher.backends.oci import service
 
@@ -128,8 +136,7 @@ class OciBackend(Backend):
                 break
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))  # polling the service: no events
         forced = service.cancel(client, ids["job_runs"])
-        if ids.get("delete_job"):
-            service.cleanup(client, ids["job"], [])
+        self.release(info)
         return forced
 
 
