@@ -170,6 +170,8 @@ class OciSim:
         self.objects: dict[tuple[str, str, str], tuple[bytes, float]] = {}
         self.requests: list[tuple[str, str, Any]] = []  # (method, path, parsed body) of every accepted request
         self.faults: list[tuple[str, str, int, str, str, int]] = []  # (method, path regex, status, code, msg, times)
+        self.lost_answers: list[tuple[str, str]] = []  # (method, path regex): done, then answered 500 once
+        self.created_by_token: dict[str, dict[str, Any]] = {}  # opc-retry-token -> what it created
         self.dying: dict[str, str] = {}  # node name -> "never_starts" | "dies"
         self.lock = threading.RLock()
         self.ids = itertools.count(1)
@@ -207,6 +209,11 @@ class OciSim:
         with self.lock:
             self.faults.append((method, path, status, code, message, times))
 
+    def lose_answer(self, method: str, path: str) -> None:
+        """Carry out the next matching request, then answer 500 as if the answer was lost on the way."""
+        with self.lock:
+            self.lost_answers.append((method, path))
+
     def stop(self) -> None:
         with self.lock:
             for run in self.runs.values():
@@ -232,6 +239,7 @@ class OciSim:
                     sim._verify(self.command, self.path, self.headers, body)
                     sim._fault(self.command, self.path)
                     status, payload, headers = sim._route(self.command, self.path, self.headers, body)
+                    sim._lose_answer(self.command, self.path)
                 except Refused as refusal:
                     status, headers = refusal.status, {}
                     payload = {"code": refusal.code, "message": refusal.message}
@@ -298,6 +306,25 @@ class OciSim:
                         self.faults[index] = (want_method, pattern, status, code, message, times - 1)
                     raise Refused(status, code, message)
 
+    def _lose_answer(self, method: str, target: str) -> None:
+        with self.lock:
+            for index, (want_method, pattern) in enumerate(self.lost_answers):
+                if want_method == method and re.search(pattern, target):
+                    self.lost_answers.pop(index)
+                    raise Refused(500, "InternalServerError", "the answer was lost")
+
+    def _created(self, headers: Any, create: Any, data: Any) -> dict[str, Any]:
+        """Create once per opc-retry-token, as the service does: a retried create returns the first result."""
+        token = headers.get("opc-retry-token")
+        with self.lock:
+            if token and token in self.created_by_token:
+                return self.created_by_token[token]
+        result = create(data)
+        if token:
+            with self.lock:
+                self.created_by_token[token] = result
+        return result
+
     def _route(self, method: str, target: str, headers: Any, body: bytes) -> tuple[int, Any, dict]:
         url = urllib.parse.urlsplit(target)
         query = dict(urllib.parse.parse_qsl(url.query))
@@ -318,7 +345,7 @@ class OciSim:
             self.requests.append((method, path, data))
         if path == "/20190101/jobs" and method == "POST":
             validate(data, "CreateJobDetails")
-            return 200, self._create_job(data), {"etag": "1"}
+            return 200, self._created(headers, self._create_job, data), {"etag": "1"}
         if (found := re.fullmatch(r"/20190101/jobs/([^/]+)", path)) and method in ("GET", "DELETE"):
             job = self.jobs.get(found[1])
             if job is None:
@@ -332,7 +359,7 @@ class OciSim:
             return 200, job, {"etag": "1"}
         if path == "/20190101/jobRuns" and method == "POST":
             validate(data, "CreateJobRunDetails")
-            return 200, self._create_run(data), {"etag": "1"}
+            return 200, self._created(headers, self._create_run, data), {"etag": "1"}
         if (found := re.fullmatch(r"/20190101/jobRuns/([^/]+)(/actions/cancelJobRun)?", path)):
             run = self.runs.get(found[1])
             if run is None:

@@ -134,12 +134,18 @@ def wait_until(condition, timeout: float) -> bool:
 
 
 def test_429_and_500_are_retried_with_one_retry_token(project, sim):
+    """Retries never create twice: a create whose answer was lost is retried with the same token."""
     spec, env = project
     sim.fail("POST", r"/jobs$", 429, "TooManyRequests", "slow down", times=2)
+    sim.lose_answer("POST", r"/jobs$")
     sim.fail("POST", r"/jobRuns$", 500, "InternalServerError", "try again")
+    sim.lose_answer("POST", r"/jobRuns$")
     done = run_cli("run", "-f", str(spec), *EPOCHS, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(sim.jobs) == 1 and len(sim.runs) == 1
+    creates = [path for method, path, _ in sim.requests if method == "POST" and "/2019" in path]
+    assert creates == ["/20190101/jobs"] * 2 + ["/20190101/jobRuns"] * 2  # those that got past the 429/500
+    assert len(sim.created_by_token) == 2
 
 
 def test_a_client_error_is_not_retried(project, sim):
@@ -259,3 +265,16 @@ def test_auth_follows_the_oci_cli_conventions(sim, tmp_path, monkeypatch):
         assert caught.value.status == 404  # signed well enough to be answered: an unsigned call gets 401
     with pytest.raises(BackendError, match="OCI credentials"):
         sdk_auth({"OCI_CLI_CONFIG_FILE": str(tmp_path / "missing")})
+
+
+def test_an_s3_work_dir_keeps_working_with_this_backend(project, sim, moto):
+    """OCI Object Storage's S3-compatible endpoint, or any S3: here moto_server on loopback."""
+    spec, env = project
+    moto.make_bucket("oci-s3-run")
+    s3_spec = spec.parent / "s3.yaml"
+    s3_spec.write_text(spec.read_text().replace("oci://runs@simns/launcher", "s3://oci-s3-run/runs"))
+    node_env = [f"--env={name}={value}" for name, value in moto.env().items()]
+    done = run_cli("run", "-f", str(s3_spec), *node_env, *EPOCHS, env={**env, **moto.env()}, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "work dir s3://oci-s3-run/runs/" in done.stdout
+    assert not any(name.startswith("launcher/") for (_, _, name) in sim.objects)
