@@ -194,10 +194,16 @@ def test_hostile_args_reach_the_script_byte_for_byte(project, tmp_path):
     built = run_cli("build", "-f", str(echo_spec), "--build-arg",
                     f"BASE_IMAGE={recorded_image(env)['build_args']['BASE_IMAGE']}", env=env, timeout=300)
     assert built.returncode == 0, built.stderr
-    done = run_cli("run", "-f", str(echo_spec), "--backend", "docker", "--", *HOSTILE_ARGS, env=env, timeout=300)
+    done = run_cli("run", "-f", str(echo_spec), "--backend", "docker", "--keep", "--", *HOSTILE_ARGS, env=env,
+                   timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     seen = [json.loads(line.split("ARGV ", 1)[1]) for line in done.stdout.splitlines() if "ARGV " in line]
     assert seen == [HOSTILE_ARGS, HOSTILE_ARGS]  # one per node
+    run_id = run_id_from(done.stdout)
+    kept = run_containers(run_id)  # --keep: the supervisor leaves them for docker logs / inspect
+    assert len(kept) == 2 and "ARGV" in docker("logs", kept[0]).stdout
+    docker("rm", "-f", *kept)
+    docker("network", "rm", *run_networks(run_id))
 
 
 def test_docker_compose_up_trains_to_completion(project, docker_compose_bin):

@@ -1,0 +1,89 @@
+"""Build and push progress as the engine streams it: a bar redrawn in place on a terminal, lines when piped,
+and what a failure report quotes. The streams are the shapes Docker's API sends (decode=True chunks)."""
+
+from __future__ import annotations
+
+import io
+
+from launcher.image.progress import BuildProgress, PushProgress
+
+BUILD = [
+    {"stream": "Step 1/3 : FROM base\n"}, {"stream": " ---> 4c39610ef133\n"},
+    {"stream": "Step 2/3 : RUN pip install -r requirements.txt\n"}, {"stream": " ---> Running in 1234\n"},
+    {"stream": "Collecting numpy\n"}, {"stream": "Installing collected packages: numpy\n"},
+    {"stream": "Step 3/3 : COPY . /code\n"}, {"stream": " ---> Using cache\n"},
+    {"aux": {"ID": "sha256:abc"}}, {"stream": "Successfully built abc\n"},
+]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_piped_build_prints_every_step_and_output_line():
+    out = io.StringIO()
+    progress = BuildProgress(out)
+    for chunk in BUILD:
+        progress.feed(chunk)
+    progress.finish()
+    lines = out.getvalue().splitlines()
+    assert lines == ["[########................] Step 1/3 : FROM base",
+                     "[################........] Step 2/3 : RUN pip install -r requirements.txt",
+                     "  Collecting numpy", "  Installing collected packages: numpy",
+                     "[########################] Step 3/3 : COPY . /code"]
+    assert progress.image_id == "sha256:abc" and progress.cached == 1 and progress.error is None
+
+
+def test_terminal_build_redraws_output_in_place():
+    out = Terminal()
+    progress = BuildProgress(out)
+    for chunk in BUILD:
+        progress.feed(chunk)
+    progress.finish()
+    text = out.getvalue()
+    assert "\r\033[K  Collecting numpy" in text and "\r\033[K  Installing collected packages: numpy" in text
+    assert "  Collecting numpy\n" not in text  # output lines are status, not scrolled
+    assert text.endswith("Step 3/3 : COPY . /code\n")
+
+
+def test_a_failed_step_is_quoted_with_its_last_lines():
+    progress = BuildProgress(io.StringIO())
+    for chunk in BUILD[:6] + [{"error": "The command '/bin/sh -c pip install' returned a non-zero code: 1",
+                               "errorDetail": {"message": "The command '/bin/sh -c pip install' returned a "
+                                               "non-zero code: 1"}}]:
+        progress.feed(chunk)
+    report = progress.failure()
+    assert report.splitlines() == ["image build failed at Step 2/3 : RUN pip install -r requirements.txt",
+                                   "  | Collecting numpy", "  | Installing collected packages: numpy",
+                                   "The command '/bin/sh -c pip install' returned a non-zero code: 1"]
+
+
+PUSH = [
+    {"status": "The push refers to repository [127.0.0.1:5000/train]"},
+    {"status": "Preparing", "id": "aaa"}, {"status": "Preparing", "id": "bbb"},
+    {"status": "Pushing", "id": "aaa", "progressDetail": {"current": 512, "total": 2048}},
+    {"status": "Layer already exists", "id": "bbb"},
+    {"status": "Pushing", "id": "aaa", "progressDetail": {"current": 2048, "total": 2048}},
+    {"status": "Pushed", "id": "aaa"},
+    {"status": "v1: digest: sha256:0123 size: 739"}, {"aux": {"Tag": "v1", "Digest": "sha256:0123", "Size": 739}},
+]
+
+
+def test_push_progress_piped_and_on_a_terminal():
+    piped = io.StringIO()
+    progress = PushProgress(piped)
+    for chunk in PUSH:
+        progress.feed(chunk)
+    progress.finish()
+    assert piped.getvalue().splitlines() == ["  layer bbb: layer already exists", "  layer aaa: pushed (2.0 KiB)"]
+    assert progress.digest == "sha256:0123" and progress.error is None
+    terminal = Terminal()
+    progress = PushProgress(terminal)
+    for chunk in PUSH[:4]:
+        progress.feed(chunk)
+    assert "pushing: 512 B of 2.0 KiB, 0 layers done" in terminal.getvalue()
+    refused = PushProgress(io.StringIO())
+    refused.feed({"error": "denied: requested access to the resource is denied",
+                  "errorDetail": {"message": "denied: requested access to the resource is denied"}})
+    assert refused.error == "denied: requested access to the resource is denied"
