@@ -62,6 +62,16 @@ class Watcher:
         return code, "\n".join(self.lines)
 
 
+def wait_until(condition, timeout: float) -> bool:
+    """For state changes the test cannot subscribe to (an engine's cleanup, a simulated service's lifecycle)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clirun import Watcher, info_of, init_project, run_id_from
+from clirun import Watcher, info_of, init_project, run_id_from, wait_until
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -139,17 +139,7 @@ def test_two_node_run_trains_shows_both_nodes_and_leaves_no_container(project):
     assert status["result"] == "succeeded"
     info = info_of(Path(env["LAUNCHER_HOME"]), run_id)
     assert info["backend"] == "docker" and set(info["backend_ids"]["containers"]) == set(info["nodes"])
-    assert wait_for(lambda: not run_containers(run_id) and not run_networks(run_id), 30)
-
-
-def wait_for(condition, timeout: float) -> bool:
-    """For the supervisor's removal, which has no event the test can subscribe to."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
+    assert wait_until(lambda: not run_containers(run_id) and not run_networks(run_id), 30)
 
 
 def test_docker_kill_of_a_node_fails_the_run_fast_and_names_it(project):
@@ -167,7 +157,7 @@ def test_docker_kill_of_a_node_fails_the_run_fast_and_names_it(project):
     status = json.loads(run_cli("status", run_id, "--json", env=env).stdout)
     assert status["result"] == "failed"
     assert status["first_failure"]["node"] == "pytorch-ddp-worker-0" and status["first_failure"]["exit_code"] == 137
-    assert wait_for(lambda: not run_containers(run_id), 30)
+    assert wait_until(lambda: not run_containers(run_id), 30)
 
 
 def test_cancel_leaves_no_container(project):

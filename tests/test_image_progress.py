@@ -21,12 +21,18 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_piped_build_prints_every_step_and_output_line():
-    out = io.StringIO()
-    progress = BuildProgress(out)
-    for chunk in BUILD:
+def shown(progress_class, chunks, out):
+    """Feed ``chunks`` to a progress display writing to ``out``; return the display."""
+    progress = progress_class(out)
+    for chunk in chunks:
         progress.feed(chunk)
     progress.finish()
+    return progress
+
+
+def test_piped_build_prints_every_step_and_output_line():
+    out = io.StringIO()
+    progress = shown(BuildProgress, BUILD, out)
     lines = out.getvalue().splitlines()
     assert lines == ["[########................] Step 1/3 : FROM base",
                      "[################........] Step 2/3 : RUN pip install -r requirements.txt",
@@ -37,10 +43,7 @@ def test_piped_build_prints_every_step_and_output_line():
 
 def test_terminal_build_redraws_output_in_place():
     out = Terminal()
-    progress = BuildProgress(out)
-    for chunk in BUILD:
-        progress.feed(chunk)
-    progress.finish()
+    shown(BuildProgress, BUILD, out)
     text = out.getvalue()
     assert "\r\033[K  Collecting numpy" in text and "\r\033[K  Installing collected packages: numpy" in text
     assert "  Collecting numpy\n" not in text  # output lines are status, not scrolled
@@ -72,16 +75,11 @@ PUSH = [
 
 def test_push_progress_piped_and_on_a_terminal():
     piped = io.StringIO()
-    progress = PushProgress(piped)
-    for chunk in PUSH:
-        progress.feed(chunk)
-    progress.finish()
+    progress = shown(PushProgress, PUSH, piped)
     assert piped.getvalue().splitlines() == ["  layer bbb: layer already exists", "  layer aaa: pushed (2.0 KiB)"]
     assert progress.digest == "sha256:0123" and progress.error is None
     terminal = Terminal()
-    progress = PushProgress(terminal)
-    for chunk in PUSH[:4]:
-        progress.feed(chunk)
+    shown(PushProgress, PUSH[:4], terminal)
     assert "pushing: 512 B of 2.0 KiB, 0 layers done" in terminal.getvalue()
     refused = PushProgress(io.StringIO())
     refused.feed({"error": "denied: requested access to the resource is denied",

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from clirun import Watcher, info_of, init_project, run_id_from
+from clirun import Watcher, info_of, init_project, run_id_from, wait_until
 from conftest import SEED_004, run_cli
 
 pytestmark = pytest.mark.slow
@@ -121,16 +120,6 @@ def test_per_node_partial_failure_cancels_the_runs_already_started(project, sim)
     [run] = sim.runs.values()
     assert wait_until(lambda: run.state == "CANCELED", 30), run.state
     assert all(node.process.poll() is not None for node in run.nodes)
-
-
-def wait_until(condition, timeout: float) -> bool:
-    """For the simulated service's own state changes, which the test cannot subscribe to."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def test_429_and_500_are_retried_with_one_retry_token(project, sim):

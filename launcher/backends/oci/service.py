@@ -29,30 +29,27 @@ def retry_strategy() -> Any:
         service_error_retry_config={429: [], 409: ["IncorrectState"]}).get_retry_strategy()
 
 
-def data_science(endpoints: Mapping[str, str]) -> Any:
-    import oci
-
+def _client(client_class: Any, service: str, endpoints: Mapping[str, str]) -> Any:
     config, signer = sdk_auth()
     options: dict[str, Any] = {"retry_strategy": retry_strategy()}
     if signer is not None:
         options["signer"] = signer
-    url = endpoint("dataScience", endpoints)
+    url = endpoint(service, endpoints)
     if url:
         options["service_endpoint"] = url
-    return oci.data_science.DataScienceClient(config, **options)
+    return client_class(config, **options)
+
+
+def data_science(endpoints: Mapping[str, str]) -> Any:
+    import oci
+
+    return _client(oci.data_science.DataScienceClient, "dataScience", endpoints)
 
 
 def log_search(endpoints: Mapping[str, str]) -> Any:
     import oci
 
-    config, signer = sdk_auth()
-    options: dict[str, Any] = {"retry_strategy": retry_strategy()}
-    if signer is not None:
-        options["signer"] = signer
-    url = endpoint("logging", endpoints)
-    if url:
-        options["service_endpoint"] = url
-    return oci.loggingsearch.LogSearchClient(config, **options)
+    return _client(oci.loggingsearch.LogSearchClient, "logging", endpoints)
 
 
 def service_message(exc: Exception) -> str:
