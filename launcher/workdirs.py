@@ -29,7 +29,7 @@ def unusable_reason(url: str) -> str | None:
     package = REMOTE_SCHEMES.get(kind)
     if package is None:
         return f"unsupported work dir scheme '{kind}://' (use a directory, s3:// or oci://)"
-    if importlib.util.find_spec(package) is None:
+    if not _installed(package):
         return f"the Python package '{package}' is not installed"
     if kind == "oci":
         from launcher.ociauth import auth_method, config_location
@@ -38,3 +38,10 @@ def unusable_reason(url: str) -> str | None:
         if auth_method() in ("api_key", "security_token") and not Path(path).exists():
             return f"no OCI credentials ({path}) on this machine"
     return None
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a broken or blocked installation counts as none
+        return False

@@ -120,6 +120,10 @@ def test_max_runtime_stops_the_run_as_failed(tmp_path, launcher_home):
     dry = run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "json", "--set",
                   "spec.cluster.spec.maxRuntime=90m")
     job = json.loads(dry.stdout)["requests"][0]["body"]
+    assert job["jobNodeConfigurationDetails"]["maximumRuntimeInMinutes"] == 90
+    dry = run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "json", "--set",
+                  "spec.cluster.spec.maxRuntime=90m", "--set", "spec.infrastructure.spec.launchMode=perNode")
+    job = json.loads(dry.stdout)["requests"][0]["body"]
     assert job["jobConfigurationDetails"]["maximumRuntimeInMinutes"] == 90
 
 

@@ -135,7 +135,10 @@ def test_unsupported_work_dir_schemes_are_spec_errors(tmp_path):
 
 def test_oci_work_dir_without_ocifs_names_the_package_to_install(tmp_path, launcher_home):
     spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir="oci://bucket@namespace/runs")
-    result = run_cli("run", "-f", str(spec), cwd=tmp_path)
+    hide = tmp_path / "no-ocifs"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['ocifs'] = None  # as if not installed\n")
+    result = run_cli("run", "-f", str(spec), cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(hide)})
     assert result.returncode == 3, result.stderr
     assert "ocifs" in result.stderr and "pip install 'launcher[oci]'" in result.stderr
     assert "unexpected" not in result.stderr
