@@ -71,7 +71,8 @@ def _error_names(exc: BaseException) -> list[str]:
         response = getattr(current, "response", None)
         if isinstance(response, dict):
             names.append(str(response.get("Error", {}).get("Code", "")))
-        names.append(str(getattr(current, "code", "")))  # oci.exceptions.ServiceError
+        if type(current).__module__.startswith("oci."):  # ServiceError's code (aiohttp deprecates its own)
+            names.append(str(getattr(current, "code", "")))
         current = current.__cause__ or current.__context__
     return names
 
