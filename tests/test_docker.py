@@ -206,7 +206,9 @@ def test_docker_compose_up_trains_to_completion(project, docker_compose_bin):
     assert main["image"] == recorded_image(env)["tag"] and main["build"]["args"]["BASE_IMAGE"]
     config = subprocess.run([docker_compose_bin, "-f", str(out), "config", "-q"], capture_output=True, text=True)
     assert config.returncode == 0, config.stderr
-    up = subprocess.run([docker_compose_bin, "-f", str(out), "up", "--abort-on-container-exit", "-t", "120"],
+    # --build: compose builds the staged context itself (every step cached from `launcher build`)
+    up = subprocess.run([docker_compose_bin, "-f", str(out), "up", "--build", "--abort-on-container-exit",
+                         "-t", "120"],
                         capture_output=True, text=True, timeout=600, cwd=spec.parent)
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
