@@ -63,7 +63,8 @@ MODELS: dict[str, tuple[set[str], set[str]]] = {
                        {"jobEnvironmentType", "image"}),
     "log": ({"enableLogging", "enableAutoLogCreation", "logGroupId", "logId"}, set()),
     "MULTI_NODE_CONFIG": ({"jobNodeType", "startupOrder", "maximumRuntimeInMinutes", "jobNetworkConfiguration",
-                           "jobNodeGroupConfigurationDetailsList"}, {"jobNodeType", "jobNodeGroupConfigurationDetailsList"}),
+                           "jobNodeGroupConfigurationDetailsList"},
+                          {"jobNodeType", "jobNodeGroupConfigurationDetailsList"}),
     "CUSTOM_NETWORK": ({"jobNetworkType", "subnetId"}, {"jobNetworkType", "subnetId"}),
     "DEFAULT_NETWORK": ({"jobNetworkType"}, {"jobNetworkType"}),
     "group": ({"name", "replicas", "minimumSuccessReplicas", "jobInfrastructureConfigurationDetails",
@@ -243,7 +244,8 @@ class OciSim:
                 except Refused as refusal:
                     status, headers = refusal.status, {}
                     payload = {"code": refusal.code, "message": refusal.message}
-                raw = payload if isinstance(payload, bytes) else (b"" if payload is None else json.dumps(payload).encode())
+                raw = payload if isinstance(payload, bytes) else (
+                    b"" if payload is None else json.dumps(payload).encode())
                 self.send_response(status)
                 self.send_header("opc-request-id", f"sim-{next(sim.ids)}")
                 if not isinstance(payload, bytes):
@@ -460,7 +462,8 @@ class OciSim:
                     for group in multi["jobNodeGroupConfigurationDetailsList"] for index in range(group["replicas"])]
         env = {**job["jobConfigurationDetails"].get("environmentVariables", {}),
                **run.body.get("jobConfigurationOverrideDetails", {}).get("environmentVariables", {})}
-        container = run.body.get("jobEnvironmentConfigurationOverrideDetails") or job["jobEnvironmentConfigurationDetails"]
+        container = (run.body.get("jobEnvironmentConfigurationOverrideDetails")
+                     or job["jobEnvironmentConfigurationDetails"])
         return [("", env.get("LAUNCHER_NODE_NAME", run.id), env, container)]
 
     def _execute(self, run: JobRun) -> None:

@@ -171,7 +171,8 @@ def test_cancel_leaves_no_container(project):
     assert json.loads(run_cli("status", run_id, "--json", env=env).stdout)["result"] == "cancelled"
 
 
-HOSTILE_ARGS = ["it's \"quoted\"", "$(touch /tmp/pwned) `id` $HOME", "two\nlines", "naïve ☃ 日本", "--flag=a b", ""]
+HOSTILE_ARGS = ["it's \"quoted\"", "$(touch /tmp/pwned) `id` $HOME", "two\nlines", "naïve ☃ 日本", "--flag=a b",
+                ""]
 
 
 def test_hostile_args_reach_the_script_byte_for_byte(project, tmp_path):

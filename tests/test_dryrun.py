@@ -66,7 +66,8 @@ def test_oci_native_dry_run_has_one_job_with_a_node_group_per_spec_group():
     data = json.loads(done.stdout)
     assert [r["operation"] for r in data["requests"]] == ["create_job", "create_job_run"]
     nodes = data["requests"][0]["body"]["jobNodeConfigurationDetails"]
-    assert nodes["jobNetworkConfiguration"] == {"jobNetworkType": "CUSTOM_NETWORK", "subnetId": "oci.xxxx.<subnet-ocid>"}
+    assert nodes["jobNetworkConfiguration"] == {"jobNetworkType": "CUSTOM_NETWORK",
+                                                "subnetId": "oci.xxxx.<subnet-ocid>"}
     groups = nodes["jobNodeGroupConfigurationDetailsList"]
     assert [(g["name"], g["replicas"], g["minimumSuccessReplicas"]) for g in groups] == [
         ("PyTorch-Distributed-main", 1, 1), ("PyTorch-Distributed-worker", 2, 2)]
