@@ -157,6 +157,7 @@ def test_a_dying_node_fails_the_run_and_is_named(project, sim):
     assert "OCI: job run failed" in status["first_failure"]["reason"]
     # its last lines come from OCI Logging: it could not write them to the work dir
     assert any("rank 2" in line for line in status["first_failure"]["last_output"]), status["first_failure"]
+    assert "its last lines, as the backend logged them:\n  | " in done.stdout
 
 
 def test_a_node_that_never_starts_shows_the_services_message(project, sim):

@@ -170,9 +170,11 @@ def closing_line(view: RunView) -> str:
         status = "" if root.get("exit_code") is None else f" with status {root.get('exit_code')}"
         line = f"run {run_id} failed: {node_label(root.get('node'), root.get('rank'))} exited{status}\n" \
                f"  cause: {root.get('reason')}"
+        tail = "".join(f"\n  | {text}" for text in root.get("last_output") or [])
         if root.get("console_log"):
-            tail = "".join(f"\n  | {text}" for text in root.get("last_output") or [])
             line += f"\n  it did not report its end; its console log is {root['console_log']}{tail}"
+        elif tail:  # lines the backend kept for it (a cloud log service)
+            line += f"\n  it did not report its end; its last lines, as the backend logged them:{tail}"
         victims = view.victims()
         if victims:
             line += "\n  stopped because of it: " + ", ".join(node_label(n, view.rank_of(n)) for n in victims)
