@@ -86,6 +86,8 @@ def test_per_node_job_runs_train_too(project, sim):
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(sim.runs) == 3 and {run.state for run in sim.runs.values()} == {"SUCCEEDED"}
     assert [job["lifecycleState"] for job in sim.jobs.values()] == ["DELETED"]  # deleteJob, once it ended
+    info = info_of(Path(env["LAUNCHER_HOME"]), run_id_from(done.stdout))
+    assert info["backend_ids"]["job_deleted"] is True  # recorded: a later watch does not delete again
     assert all(run.body["jobConfigurationOverrideDetails"]["environmentVariables"]["LAUNCHER_NODE_NAME"]
                for run in sim.runs.values())
 

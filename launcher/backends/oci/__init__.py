@@ -118,9 +118,19 @@ class OciBackend(Backend):
         """With ``deleteJob: true``: delete the job (and its runs) once the run is seen to end."""
         from launcher.backends.oci import service
 
+        from launcher.errors import LauncherError
+        from launcher.runs import state
+
         ids = info.backend_ids
-        if ids.get("delete_job") and ids.get("job"):
-            service.cleanup(service.data_science(ids.get("endpoints") or {}), ids["job"], [])
+        if not ids.get("delete_job") or not ids.get("job") or ids.get("job_deleted"):
+            return
+        try:
+            outcome = service.cleanup(service.data_science(ids.get("endpoints") or {}), ids["job"], [])
+        except LauncherError:  # no credentials here: the job stays, and a later watch or cancel tries again
+            return
+        if not outcome.startswith("could not"):
+            ids["job_deleted"] = True
+            state.save(info)
 
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         from launcher.backends.oci import service
