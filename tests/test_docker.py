@@ -244,3 +244,41 @@ def test_s3_work_dir_on_the_host_network(project, moto, tmp_path):
     fs = s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=moto.endpoint, skip_instance_cache=True)
     assert fs.exists(f"docker-s3-run/runs/{run_id}/outputs/pytorch-ddp-main/model.pt")
     assert not (spec.parent / "work_dir" / run_id).exists()
+
+
+@pytest.mark.parametrize("delay", [0.4, 0.8, 1.4])
+def test_ctrl_c_during_docker_submission_leaves_no_container(project, delay):
+    import signal
+    import sys
+
+    spec, env = project
+    run_id = f"docker-interrupted-{int(delay * 10)}"
+    client = subprocess.Popen([sys.executable, "-m", "launcher", "run", "-f", str(spec), "--backend", "docker",
+                               "--run-id", run_id, "--", "--epochs", "500"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(delay)  # the interrupt is meant to land at an arbitrary point of submission
+    client.send_signal(signal.SIGINT)
+    output = client.communicate(timeout=120)[0]
+    assert client.returncode in (0, 1, 130, -signal.SIGINT), output
+    assert "Traceback" not in output
+    if (Path(env["LAUNCHER_HOME"]) / "runs" / run_id / "info.yaml").exists():  # recorded: it ends, and is listed
+        cancel = run_cli("cancel", run_id, "--grace", "5", env=env, timeout=120)
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        assert json.loads(run_cli("status", run_id, "--json", env=env).stdout)["result"] in ("cancelled", "failed")
+    assert wait_until(lambda: not run_containers(run_id) and not run_networks(run_id), 30), output
+
+
+def test_stopping_a_container_that_ended_meanwhile_is_not_an_error(node_base_image):
+    """cancel's race: a node exits between the grace running out and the kill (the engine answers 409)."""
+    from launcher.backends.docker import _kill, _wait
+    from launcher.dockerengine import connect
+
+    client = connect()
+    container = client.containers.run(node_base_image, ["true"], detach=True)
+    try:
+        container.wait(timeout=60)
+        assert _kill(container) is False
+        assert _wait(container, 0.1) is True
+    finally:
+        container.remove(force=True)
+    assert _kill(container) is False and _wait(container, 0.1) is True  # removed: the same answers

@@ -131,8 +131,7 @@ class DockerBackend(Backend):
         deadline = time.monotonic() + grace
         forced = []
         for container in run_containers(client, info.run_id):
-            if not _wait(container, deadline - time.monotonic()):
-                container.kill()
+            if not _wait(container, deadline - time.monotonic()) and _kill(container):
                 forced.append(container.labels.get(NODE_LABEL, container.name))
         supervisor = _supervisor(info)
         if supervisor is not None:
@@ -165,9 +164,13 @@ def _require_image(client: Any, image: str, *, built: bool) -> None:
 
 def _wait(container: Any, timeout: float) -> bool:
     """Whether the container has exited within ``timeout`` seconds."""
+    import docker.errors
     import requests.exceptions
 
-    container.reload()
+    try:
+        container.reload()
+    except docker.errors.NotFound:  # ended, and already removed by the supervisor
+        return True
     if container.status not in ("running", "restarting", "paused"):
         return True
     try:
@@ -175,6 +178,21 @@ def _wait(container: Any, timeout: float) -> bool:
         return True
     except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
         return False
+
+
+def _kill(container: Any) -> bool:
+    """Kill a container still running after the grace; False when it ended (or was removed) meanwhile."""
+    import docker.errors
+
+    try:
+        container.kill()
+        return True
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.APIError as exc:
+        if exc.status_code == 409:  # "is not running": it exited between the wait and the kill
+            return False
+        raise
 
 
 def _supervisor(info: RunInfo) -> ProcessRef | None:
