@@ -142,7 +142,9 @@ def test_two_node_run_trains_shows_both_nodes_and_leaves_no_container(project):
     assert wait_until(lambda: not run_containers(run_id) and not run_networks(run_id), 30)
 
 
-def test_docker_kill_of_a_node_fails_the_run_fast_and_names_it(project):
+@pytest.mark.parametrize("how", [["kill"], ["rm", "-f"]])
+def test_docker_kill_of_a_node_fails_the_run_fast_and_names_it(project, how):
+    """docker kill, or docker rm -f (the container is gone before the supervisor can read it)."""
     spec, env = project
     started = run_cli("run", "-f", str(spec), "--backend", "docker", "--detach", "--", "--epochs", "500", env=env)
     assert started.returncode == 0, started.stderr
@@ -150,7 +152,7 @@ def test_docker_kill_of_a_node_fails_the_run_fast_and_names_it(project):
     watcher = Watcher(run_id, env)
     watcher.wait_for(r"\[pytorch-ddp-worker-0\s+r\d\] rank \d: epoch 1/500", timeout=180)
     killed_at = time.monotonic()
-    assert docker("kill", f"{run_id}-pytorch-ddp-worker-0").returncode == 0
+    assert docker(*how, f"{run_id}-pytorch-ddp-worker-0").returncode == 0
     code, output = watcher.finish(timeout=60)
     assert code == 1, output
     assert time.monotonic() - killed_at < 10 + 5, "the run must end within 10 s of the kill (+ watch's poll)"

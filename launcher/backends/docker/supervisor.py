@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL
 from launcher.backends.docker.launch import describe_exit, remove_run
-from launcher.dockerengine import connect
+from launcher.dockerengine import api_error_text, connect
 from launcher.fileio import atomic_write
 from launcher.node.store import StoreError, WorkDir
 from launcher.runs.supervision import (ProcessRef, console_log_path, node_status, record_on_behalf,
@@ -28,14 +28,20 @@ from launcher.runs.supervision import (ProcessRef, console_log_path, node_status
 SUPERVISOR_FILE = "supervisor.json"
 
 
-def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: str) -> None:
-    container = client.containers.get(container_id)
-    state = container.attrs["State"]
-    exit_code, oom = int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
+def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: str, event_exit_code: int) -> None:
+    import docker.errors
+
     console = console_log_path(state_dir, name)
-    atomic_write(console, container.logs(stdout=True, stderr=True))
+    exit_code, oom = event_exit_code, False
+    try:
+        container = client.containers.get(container_id)
+        state = container.attrs["State"]
+        exit_code, oom = int(state.get("ExitCode", event_exit_code)), bool(state.get("OOMKilled"))
+        atomic_write(console, container.logs(stdout=True, stderr=True))
+    except docker.errors.APIError as exc:  # removed by hand (docker rm -f) or being removed: the event says how
+        atomic_write(console, f"(the container's output could not be saved: {api_error_text(exc)})\n".encode())
     reason = describe_exit(exit_code, oom)
-    print(f"{time.strftime('%H:%M:%S')} node {name} ({container.name}) ended: {exit_code}", file=sys.stderr,
+    print(f"{time.strftime('%H:%M:%S')} node {name} ({container_id[:12]}) ended: {exit_code}", file=sys.stderr,
           flush=True)
     try:
         record_on_behalf(run, name, node_status(run, name), exit_code, reason, str(console))
@@ -61,9 +67,10 @@ def main(state_dir: str, run_url: str) -> int:
                            filters={"type": "container", "event": "die", "label": f"{RUN_LABEL}={order['run_id']}"})
     try:
         for event in events:
-            name = event.get("Actor", {}).get("Attributes", {}).get(NODE_LABEL)
+            attributes = event.get("Actor", {}).get("Attributes", {})
+            name = attributes.get(NODE_LABEL)
             if name in waiting:
-                node_ended(client, run, state_dir, name, waiting.pop(name))
+                node_ended(client, run, state_dir, name, waiting.pop(name), int(attributes.get("exitCode", -1)))
             if not waiting:
                 break
     finally:
