@@ -156,6 +156,7 @@ class JobRun:
     nodes: list[Node] = field(default_factory=list)
     groups: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (state, details)
     created: float = field(default_factory=time.time)
+    finished: float | None = None
 
 
 class OciSim:
@@ -359,6 +360,19 @@ class OciSim:
                         self._cancel(run)
                 return 204, None, {}
             return 200, job, {"etag": "1"}
+        if path == "/20190101/jobRuns" and method == "GET":
+            if "compartmentId" not in query:
+                raise Refused(400, "MissingParameter", "compartmentId: required")
+            with self.lock:
+                found = [self._run_view(run) for run in self.runs.values()
+                         if run.body["compartmentId"] == query["compartmentId"]
+                         and query.get("jobId") in (None, run.job["id"])]
+            for summary in found:
+                summary.pop("nodeGroupDetailsList", None)  # a JobRunSummary has no node groups
+            start = int(query.get("page", "0"))
+            limit = int(query.get("limit", "2"))  # small pages, so that paging is exercised
+            more = {"opc-next-page": str(start + limit)} if start + limit < len(found) else {}
+            return 200, found[start:start + limit], more
         if path == "/20190101/jobRuns" and method == "POST":
             validate(data, "CreateJobRunDetails")
             return 200, self._created(headers, self._create_run, data), {"etag": "1"}
@@ -445,7 +459,8 @@ class OciSim:
         view = {"id": run.id, "jobId": run.job["id"], "projectId": run.body["projectId"],
                 "compartmentId": run.body["compartmentId"], "displayName": run.body.get("displayName"),
                 "lifecycleState": run.state, "lifecycleDetails": run.details, "timeAccepted": _iso(run.created),
-                "createdBy": USER, "freeformTags": run.body.get("freeformTags", {})}
+                "createdBy": USER, "freeformTags": run.body.get("freeformTags", {}),
+                **({"timeFinished": _iso(run.finished)} if run.finished else {})}
         if run.groups:
             view["nodeGroupDetailsList"] = [{"name": name, "lifecycleState": state, "lifecycleDetails": details}
                                             for name, (state, details) in run.groups.items()]
@@ -536,7 +551,7 @@ class OciSim:
 
     def _finish(self, run: JobRun, state: str, details: str, failed_group: str | None) -> None:
         with self.lock:
-            run.state, run.details = state, details
+            run.state, run.details, run.finished = state, details, time.time()
             run.groups = {name: (("FAILED", details) if name == failed_group else
                                  ("DELETED" if state != "FAILED" else "ACTIVE", "")) for name in run.groups}
 

@@ -30,8 +30,10 @@ def request_cancel(run: WorkDir, reason: str = "cancelled by user") -> None:
 
 
 def record_failure(run: WorkDir, node: str, rank: int | None, exit_code: int | None, reason: str,
-                   details: dict | None = None) -> None:
-    body = {"node": node, "rank": rank, "exit_code": exit_code, "reason": reason, "at": time.time(), **(details or {})}
+                   details: dict | None = None, at: float | None = None) -> None:
+    """The failure marker. ``at``: when the node failed, where someone else records it later (default: now)."""
+    body = {"node": node, "rank": rank, "exit_code": exit_code, "reason": reason,
+            "at": time.time() if at is None else at, **(details or {})}
     run.put(failure_key(node), json.dumps(body).encode())
 
 

@@ -143,7 +143,7 @@ def record_lost(view: RunView, run: WorkDir) -> None:
     for name, lost in view.lost.items():
         details = {"console_log": lost["console_log"], "last_output": lost["last_output"]}
         if name not in marked:
-            record_failure(run, name, lost["rank"], lost["exit_code"], lost["reason"], details)
+            record_failure(run, name, lost["rank"], lost["exit_code"], lost["reason"], details, at=lost["at"])
         status = {**view.statuses.get(name, {}), "node": name, "state": "failed", "exit_code": lost["exit_code"],
                   "reason": lost["reason"], "ended_at": lost["at"], "updated_at": time.time(),
                   "reported_by": "launcher (the backend says the node process is gone)", **details}

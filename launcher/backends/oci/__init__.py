@@ -27,9 +27,17 @@ def _infra(spec: Spec) -> DataScienceJobInfra:
     return spec.infra
 
 
+# How often a following client asks the service about a run: `watch` reads the work dir 4 times a
+# second, and the service's lifecycle changes far slower (and its API has rate limits).
+SERVICE_POLL_SECONDS = 10.0
+
+
 class OciBackend(Backend):
     name = "oci"
     node_command = ("python", "-m", "launcher.node")
+
+    def __init__(self) -> None:
+        self._asked: dict[str, tuple[float, dict[str, NodeFate]]] = {}  # run id -> (when, fates)
 
     def node_env_extra(self, spec: Spec) -> dict[str, str]:
         url = endpoint("objectStorage", dict(_infra(spec).endpoints))
@@ -74,6 +82,14 @@ class OciBackend(Backend):
                 "delete_job": infra.delete_job}
 
     def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
+        asked = self._asked.get(info.run_id)
+        if asked and time.monotonic() - asked[0] < SERVICE_POLL_SECONDS:
+            return asked[1]
+        fates = self._ask_service(info)
+        self._asked[info.run_id] = (time.monotonic(), fates)
+        return fates
+
+    def _ask_service(self, info: RunInfo) -> dict[str, NodeFate]:
         from launcher.backends.oci import service
 
         ids = info.backend_ids
@@ -83,7 +99,7 @@ class OciBackend(Backend):
             client = service.data_science(ids.get("endpoints") or {})
         except Exception:  # noqa: BLE001 - no SDK or credentials here: status shows the work dir alone
             return {}
-        runs = service.job_runs(client, ids["job_runs"])
+        runs = service.job_runs(client, ids["job_runs"], compartment=ids.get("compartment"), job=ids.get("job"))
         if ids.get("mode") == "perNode":
             return {node: self._with_logs(info, _fate(run, None), run) for node, run in runs.items()}
         [run] = runs.values() if runs else [None]
@@ -141,7 +157,7 @@ class OciBackend(Backend):
         client = service.data_science(ids.get("endpoints") or {})
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:  # the nodes saw the cancel marker; give them the grace to end
-            runs = service.job_runs(client, ids["job_runs"])
+            runs = service.job_runs(client, ids["job_runs"], compartment=ids.get("compartment"), job=ids.get("job"))
             if all(run.lifecycle_state in service.TERMINAL for run in runs.values()):
                 break
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))  # polling the service: no events
@@ -160,5 +176,7 @@ def _fate(run: Any, group: Any) -> NodeFate:
     if state == "NEEDS_ATTENTION":
         return NodeFate(True, reason=f"OCI: job run needs attention: {run.lifecycle_details or ''}")
     exit_code = 0 if state == "SUCCEEDED" else None
+    finished = getattr(run, "time_finished", None)  # when the service saw it end: the node's place in time
     return NodeFate(False, exit_code, f"OCI: job run {state.lower()}" + (
-        f": {run.lifecycle_details}" if run.lifecycle_details else ""))
+        f": {run.lifecycle_details}" if run.lifecycle_details else ""),
+        ended_at=finished.timestamp() if finished else None)

@@ -113,13 +113,25 @@ def cleanup(client: Any, job_id: str | None, run_ids: list[str]) -> str:
     return "what was created was cancelled and deleted" if job_id else "nothing was created"
 
 
-def job_runs(client: Any, ids: Mapping[str, str]) -> dict[str, Any]:
-    """target -> JobRun (lifecycle, details, node groups); a run that cannot be read is left out."""
+def job_runs(client: Any, ids: Mapping[str, str], *, compartment: str | None = None,
+             job: str | None = None) -> dict[str, Any]:
+    """target -> JobRun or JobRunSummary (lifecycle, details; node groups on a JobRun). With the
+    compartment and job, many runs (per-node mode) are read in one paged list call, not one call each.
+    A run that cannot be read is left out: status then shows what the work dir knows."""
+    import oci
+
+    if compartment and job and len(ids) > 1:
+        try:
+            found = oci.pagination.list_call_get_all_results(client.list_job_runs, compartment, job_id=job).data
+        except Exception:  # noqa: BLE001
+            return {}
+        by_id = {run.id: run for run in found}
+        return {target: by_id[run_id] for target, run_id in ids.items() if run_id in by_id}
     result = {}
     for target, run_id in ids.items():
         try:
             result[target] = client.get_job_run(run_id).data
-        except Exception:  # noqa: BLE001 - status then shows what the work dir knows
+        except Exception:  # noqa: BLE001
             continue
     return result
 
