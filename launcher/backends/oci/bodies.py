@@ -160,7 +160,8 @@ def limit_problems(plan: Plan) -> list[str]:
         if command >= MAX_COMMAND_BYTES:
             problems.append(f"node {node.name}: its container command is {command} bytes; the limit is "
                             f"{MAX_COMMAND_BYTES}")
-        if not REGISTRY_PATH.match(node.image):
-            problems.append(f"node {node.name}: image {node.image!r} is not a registry path such as "
-                            "iad.ocir.io/NAMESPACE/REPOSITORY:TAG (OCI pulls it from a registry)")
-    return sorted(set(problems))
+    for image in sorted({node.image for node in plan.nodes}):
+        if not REGISTRY_PATH.match(image):
+            problems.append(f"image {image!r} is not a registry path such as iad.ocir.io/NAMESPACE/REPOSITORY:TAG "
+                            "(OCI pulls it from a registry)")
+    return problems
