@@ -132,9 +132,9 @@ def node_status(run: WorkDir, name: str) -> dict[str, Any]:
 
 
 def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str,
-                     console_log: str) -> None:
+                     console_log: str, at: float | None = None) -> None:
     """A node that ended without a final status: save its console, record its end, and fail the run
-    unless it was cancelled. ``status`` is the node's last status record."""
+    unless it was cancelled. ``status`` is the node's last status record; ``at`` when it ended."""
     if status.get("state") in FINAL_STATES:
         return
     # Its console holds every line it printed, also those of its last seconds that never reached a log chunk.
@@ -144,4 +144,4 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
                    "reason": reason, "ended_at": time.time(), "updated_at": time.time(), "reported_by": "supervisor"})
     run.put(status_key(name), json.dumps(status).encode())
     if not cancelled:
-        record_failure(run, name, status.get("rank"), exit_code, reason)
+        record_failure(run, name, status.get("rank"), exit_code, reason, at=at)

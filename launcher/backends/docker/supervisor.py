@@ -28,7 +28,9 @@ from launcher.runs.supervision import (ProcessRef, console_log_path, node_status
 SUPERVISOR_FILE = "supervisor.json"
 
 
-def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: str, event_exit_code: int) -> None:
+def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: str, event_exit_code: int,
+               ended_at: float) -> None:
+    """Save the container's output, record the node's end for it when it could not, write the exit record."""
     import docker.errors
 
     console = console_log_path(state_dir, name)
@@ -44,11 +46,11 @@ def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: st
     print(f"{time.strftime('%H:%M:%S')} node {name} ({container_id[:12]}) ended: {exit_code}", file=sys.stderr,
           flush=True)
     try:
-        record_on_behalf(run, name, node_status(run, name), exit_code, reason, str(console))
+        record_on_behalf(run, name, node_status(run, name), exit_code, reason, str(console), at=ended_at)
     except StoreError as exc:
         print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
     finally:  # written last: a reader that sees it knows the node's console is saved
-        write_exit_record(state_dir, name, exit_code, reason, time.time(), oom_killed=oom)
+        write_exit_record(state_dir, name, exit_code, reason, ended_at, oom_killed=oom)
 
 
 def main(state_dir: str, run_url: str) -> int:
@@ -70,7 +72,13 @@ def main(state_dir: str, run_url: str) -> int:
             attributes = event.get("Actor", {}).get("Attributes", {})
             name = attributes.get(NODE_LABEL)
             if name in waiting:
-                node_ended(client, run, state_dir, name, waiting.pop(name), int(attributes.get("exitCode", -1)))
+                ended_at = event.get("timeNano", time.time_ns()) / 1e9  # when the engine saw it die
+                try:
+                    node_ended(client, run, state_dir, name, waiting.pop(name), int(attributes.get("exitCode", -1)),
+                               ended_at)
+                except Exception as exc:  # noqa: BLE001 - one node's trouble must not leave the others unrecorded
+                    print(f"could not record the end of node {name}: {type(exc).__name__}: {exc}", file=sys.stderr,
+                          flush=True)
             if not waiting:
                 break
     finally:

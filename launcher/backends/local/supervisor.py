@@ -76,7 +76,8 @@ def main(state_dir: str, run_url: str) -> int:
         try:
             status = node_status(run, name)
             save_leftovers(run, name, status)
-            record_on_behalf(run, name, status, exit_code, reason, str(console_log_path(state_dir, name)))
+            record_on_behalf(run, name, status, exit_code, reason, str(console_log_path(state_dir, name)),
+                             at=ended_at)
         except StoreError as exc:
             print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
         finally:
