@@ -13,6 +13,9 @@ from launcher.spec.model import DockerInfra, Spec, slug
 from launcher.workdirs import resolve_local, scheme
 
 
+LARGE_CONTEXT_BYTES = 500 << 20
+
+
 def parse_build_args(pairs: list[str]) -> dict[str, str]:
     result = {}
     for pair in pairs:
@@ -49,6 +52,9 @@ def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_c
     kept_out = f"; kept out: {', '.join(context.excluded)}" if context.excluded else ""
     out.write(f"building {tag} from {spec.base_dir} ({context.files} files, {context.size / 2**20:.1f} MiB"
               f"{kept_out})\n")
+    if context.size > LARGE_CONTEXT_BYTES:
+        out.write(f"note: the build context is {context.size / 2**20:.0f} MiB: every byte goes into the image; "
+                  "keep data sets and checkpoints out with a .dockerignore\n")
     progress = BuildProgress(out, verbose)
     import docker.errors
 

@@ -9,7 +9,6 @@ the run's local work dir and outputs, launcher's own state, VCS data and credent
 from __future__ import annotations
 
 import hashlib
-import io
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -89,10 +88,14 @@ def _add(tar: tarfile.TarFile, path: Path, name: str, digest: "hashlib._Hash") -
     info.uname = info.gname = ""
     info.mtime = 0
     digest.update(name.encode() + b"\0")
-    if info.isreg():
-        data = path.read_bytes()
-        info.size = len(data)
-        digest.update(hashlib.sha256(data).digest())
-        tar.addfile(info, io.BytesIO(data))
-    else:
+    if not info.isreg():
         tar.addfile(info)
+        return
+    with path.open("rb") as handle:  # streamed twice (hash, then archive): a large file never sits in memory
+        content = hashlib.sha256()
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            content.update(block)
+        digest.update(content.digest())
+        info.size = handle.tell()
+        handle.seek(0)
+        tar.addfile(info, handle)
