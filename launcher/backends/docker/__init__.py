@@ -14,7 +14,7 @@ from typing import Any
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.backends.docker.containers import (CONTAINER_WORK_DIR, DEFAULT_WORK_DIR, container_specs,
-                                                 infra_of)
+                                                 infra_of, network_name)
 from launcher.errors import BackendError, BadInput
 from launcher.gpus import node_gpu_shares
 from launcher.plan import Plan
@@ -80,7 +80,7 @@ class DockerBackend(Backend):
         order = {"run_id": plan.run_id, "containers": containers, "keep": self.keep, "since": since}
         supervisor = start_supervisor("launcher.backends.docker.supervisor", state_dir,
                                       f"{self.client_work_dir(plan).rstrip('/')}/{plan.run_id}", order)
-        network = None if infra_of(plan.spec).network == "host" else f"launcher-{plan.run_id}"
+        network = None if infra_of(plan.spec).network == "host" else network_name(plan.run_id)
         return {"containers": containers, "network": network, "keep": self.keep, **supervisor}
 
     def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:

@@ -99,9 +99,9 @@ class OciBackend(Backend):
             client = service.data_science(ids.get("endpoints") or {})
         except Exception:  # noqa: BLE001 - no SDK or credentials here: status shows the work dir alone
             return {}
-        runs = service.job_runs(client, ids["job_runs"], compartment=ids.get("compartment"), job=ids.get("job"))
+        runs = _read_runs(client, ids)
         if ids.get("mode") == "perNode":
-            return {node: self._with_logs(info, _fate(run, None), run) for node, run in runs.items()}
+            return {node: self._with_logs(info, {node: _fate(run, None)}, run)[node] for node, run in runs.items()}
         [run] = runs.values() if runs else [None]
         if run is None:
             return {}
@@ -109,31 +109,36 @@ class OciBackend(Backend):
         fates = {}
         for node in info.nodes:
             names = [name for name in groups if node == name or node.startswith(f"{name}-")]
-            fates[node] = self._with_logs(info, _fate(run, groups[max(names, key=len)] if names else None), run)
-        return fates
+            fates[node] = _fate(run, groups[max(names, key=len)] if names else None)
+        return self._with_logs(info, fates, run)  # one search for the run: its nodes share its log
 
-    def _with_logs(self, info: RunInfo, fate: NodeFate, run: Any) -> NodeFate:
-        """For a job run that failed or was cancelled: its last lines from OCI Logging, for a node that
-        may have written nothing to the work dir (an error before it reached it)."""
+    def _with_logs(self, info: RunInfo, fates: dict[str, NodeFate], run: Any) -> dict[str, NodeFate]:
+        """The run's nodes that ended, with its last lines from OCI Logging (searched once, only when some
+        node ended and the run did not succeed), for a node that may have written nothing to the work dir."""
         from dataclasses import replace
 
+        ended = [node for node, fate in fates.items() if not fate.running]
+        lines = self._logged_lines(info, run) if ended and run.lifecycle_state != "SUCCEEDED" else ()
+        return fates | {node: replace(fates[node], last_output=lines) for node in ended if lines}
+
+    def _logged_lines(self, info: RunInfo, run: Any) -> tuple[str, ...]:
+        """The job run's last lines in OCI Logging (none when logging is not configured or unreachable)."""
         from launcher.backends.oci import service
 
         ids = info.backend_ids
-        if fate.running or run.lifecycle_state == "SUCCEEDED" or not (ids.get("log_group") and ids.get("log")):
-            return fate
+        if not (ids.get("log_group") and ids.get("log")):
+            return ()
         try:
             client = service.log_search(ids.get("endpoints") or {})
             lines = service.search_logs(client, ids["compartment"], ids["log_group"], ids["log"], run.id,
                                         run.time_accepted, datetime.datetime.now(datetime.timezone.utc))
         except Exception:  # noqa: BLE001 - logs are a help here, not a requirement
-            return fate
-        return replace(fate, last_output=tuple(line for line in lines if line.strip())[-20:])
+            return ()
+        return tuple(line for line in lines if line.strip())[-20:]
 
     def release(self, info: RunInfo) -> None:
         """With ``deleteJob: true``: delete the job (and its runs) once the run is seen to end."""
         from launcher.backends.oci import service
-
         from launcher.errors import LauncherError
         from launcher.runs import state
 
@@ -156,14 +161,21 @@ class OciBackend(Backend):
             return []
         client = service.data_science(ids.get("endpoints") or {})
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:  # the nodes saw the cancel marker; give them the grace to end
-            runs = service.job_runs(client, ids["job_runs"], compartment=ids.get("compartment"), job=ids.get("job"))
-            if all(run.lifecycle_state in service.TERMINAL for run in runs.values()):
-                break
-            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))  # polling the service: no events
-        forced = service.cancel(client, ids["job_runs"])
+        runs = _read_runs(client, ids)
+        # The nodes saw the cancel marker; give them the grace to end (polling the service: no events).
+        while time.monotonic() < deadline and not all(run.lifecycle_state in service.TERMINAL
+                                                      for run in runs.values()):
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+            runs = _read_runs(client, ids)
+        forced = service.cancel(client, runs)
         self.release(info)
         return forced
+
+
+def _read_runs(client: Any, ids: dict[str, Any]) -> dict[str, Any]:
+    from launcher.backends.oci import service
+
+    return service.job_runs(client, ids["job_runs"], compartment=ids.get("compartment"), job=ids.get("job"))
 
 
 def _fate(run: Any, group: Any) -> NodeFate:

@@ -136,9 +136,10 @@ def job_runs(client: Any, ids: Mapping[str, str], *, compartment: str | None = N
     return result
 
 
-def cancel(client: Any, ids: Mapping[str, str]) -> list[str]:
+def cancel(client: Any, runs: Mapping[str, Any]) -> list[str]:
+    """Cancel the runs (as :func:`job_runs` read them) that can still be cancelled; return their targets."""
     cancelled = []
-    for target, run in job_runs(client, ids).items():
+    for target, run in runs.items():
         if run.lifecycle_state in CANCELLABLE:
             client.cancel_job_run(run.id)
             cancelled.append(target)
