@@ -62,7 +62,7 @@ class ControlWatch:
             return StopRequest("cancelled", "the run was cancelled")
         for name in names:
             if name.startswith("failed.") and name != f"failed.{self.node}.json":
-                peer = json.loads(self.run.get(f"{CONTROL_PREFIX}/{name}") or b"{}")
+                peer = self.run.get_record(f"{CONTROL_PREFIX}/{name}")
                 return StopRequest("failed", f"stopped because {node_label(peer.get('node', name), peer.get('rank'))} "
                                    f"failed with exit code {peer.get('exit_code')}")
         return None

@@ -199,6 +199,17 @@ class WorkDir:
 
         return self._call(f"get {key}", attempt)
 
+    def get_record(self, key: str) -> dict[str, Any]:
+        """A JSON object record; {} when absent or damaged (a broken node must not break its readers)."""
+        import json
+
+        data = self.get(key)
+        try:
+            value = json.loads(data) if data else {}
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
     def list(self, prefix: str) -> list[str]:
         """Names directly under ``prefix`` (a directory-like key), fresh from the store; [] if none."""
         return self._keys(prefix, recursive=False)

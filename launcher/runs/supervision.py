@@ -127,10 +127,6 @@ def start_supervisor(module: str, state_dir: str, run_url: str, payload: Any) ->
     return json.loads(line)
 
 
-def node_status(run: WorkDir, name: str) -> dict[str, Any]:
-    return json.loads(run.get(status_key(name)) or b"{}")
-
-
 def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str,
                      console_log: str, at: float | None = None) -> None:
     """A node that ended without a final status: save its console, record its end, and fail the run
@@ -141,7 +137,8 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
     run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
     cancelled = CANCEL in run.list(CONTROL_PREFIX)
     status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
-                   "reason": reason, "ended_at": time.time(), "updated_at": time.time(), "reported_by": "supervisor"})
+                   "reason": reason, "ended_at": time.time() if at is None else at, "updated_at": time.time(),
+                   "reported_by": "supervisor"})
     run.put(status_key(name), json.dumps(status).encode())
     if not cancelled:
         record_failure(run, name, status.get("rank"), exit_code, reason, at=at)

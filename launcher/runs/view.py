@@ -122,11 +122,11 @@ def read_view(info: RunInfo, run: WorkDir | None = None, backend: Backend | None
     run = run or open_run(info)
     statuses = {}
     for name in info.nodes:
-        statuses[name] = _json_record(run, status_key(name))
-    decision = _json_record(run, DECISION_KEY)
+        statuses[name] = run.get_record(status_key(name))
+    decision = run.get_record(DECISION_KEY)
     control = run.list(CONTROL_PREFIX)
-    failures = [_json_record(run, f"{CONTROL_PREFIX}/{name}") for name in control if name.startswith("failed.")]
-    cancel = _json_record(run, f"{CONTROL_PREFIX}/cancel") if "cancel" in control else None
+    failures = [run.get_record(f"{CONTROL_PREFIX}/{name}") for name in control if name.startswith("failed.")]
+    cancel = run.get_record(f"{CONTROL_PREFIX}/cancel") if "cancel" in control else None
     return RunView(info, {n: s for n, s in statuses.items() if s}, decision or None,
                    [f for f in failures if f], cancel, fates)
 
@@ -148,16 +148,6 @@ def record_lost(view: RunView, run: WorkDir) -> None:
                   "reason": lost["reason"], "ended_at": lost["at"], "updated_at": time.time(),
                   "reported_by": "launcher (the backend says the node process is gone)", **details}
         run.put(status_key(name), json.dumps(status).encode())
-
-
-def _json_record(run: WorkDir, key: str) -> dict[str, Any]:
-    """A record from the work dir; {} when absent or damaged (a broken node must not break the reader)."""
-    data = run.get(key)
-    try:
-        value = json.loads(data) if data else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def closing_line(view: RunView) -> str:

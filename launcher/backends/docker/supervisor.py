@@ -21,8 +21,9 @@ from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL
 from launcher.backends.docker.launch import describe_exit, remove_run
 from launcher.dockerengine import api_error_text, connect
 from launcher.fileio import atomic_write
+from launcher.node.status import status_key
 from launcher.node.store import StoreError, WorkDir
-from launcher.runs.supervision import (ProcessRef, console_log_path, node_status, record_on_behalf,
+from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf,
                                        write_exit_record)
 
 SUPERVISOR_FILE = "supervisor.json"
@@ -46,7 +47,8 @@ def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: st
     print(f"{time.strftime('%H:%M:%S')} node {name} ({container_id[:12]}) ended: {exit_code}", file=sys.stderr,
           flush=True)
     try:
-        record_on_behalf(run, name, node_status(run, name), exit_code, reason, str(console), at=ended_at)
+        status = run.get_record(status_key(name))
+        record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at)
     except StoreError as exc:
         print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
     finally:  # written last: a reader that sees it knows the node's console is saved

@@ -14,9 +14,9 @@ from pathlib import Path
 from launcher.backends.local.processes import kill_groups, write_processes
 from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync
-from launcher.node.status import FINAL_STATES
+from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import StoreError, WorkDir
-from launcher.runs.supervision import (CONSOLE_PREFIX, ProcessRef, console_log_path, node_status, record_on_behalf,
+from launcher.runs.supervision import (CONSOLE_PREFIX, ProcessRef, console_log_path, record_on_behalf,
                                        write_exit_record)
 
 
@@ -74,7 +74,7 @@ def main(state_dir: str, run_url: str) -> int:
         print(f"{time.strftime('%H:%M:%S')} node {name} (pid {pid}) ended: {returncode}", file=sys.stderr, flush=True)
         exit_code, reason = describe(returncode)
         try:
-            status = node_status(run, name)
+            status = run.get_record(status_key(name))
             save_leftovers(run, name, status)
             record_on_behalf(run, name, status, exit_code, reason, str(console_log_path(state_dir, name)),
                              at=ended_at)
