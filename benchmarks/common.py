@@ -21,5 +21,12 @@ def timed_process(argv: list[str], **kwargs) -> tuple[float, float, int]:
     return elapsed, usage.ru_maxrss / 1024, proc.returncode
 
 
+def timed_run(argv: list[str], cwd: Path, env: dict) -> tuple[float, subprocess.CompletedProcess]:
+    """Run a whole process with its output captured; return (wall seconds, the finished process)."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+    return time.perf_counter() - started, done
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)

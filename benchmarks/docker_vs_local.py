@@ -15,10 +15,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import median
+from common import median, timed_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from dockerenv import Engine, ensure_base_image  # noqa: E402
@@ -27,9 +26,7 @@ LAUNCHER = str(Path(sys.executable).with_name("launcher"))
 
 
 def timed(argv: list[str], cwd: Path, env: dict) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
+    elapsed, done = timed_run(argv, cwd, env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return elapsed
 

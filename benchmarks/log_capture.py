@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from common import median
+from common import median, timed_run
 
 BURST = """
 import sys
@@ -39,9 +37,7 @@ spec:
 
 
 def timed(argv: list[str], cwd: Path, env: dict, expect_lines: int) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
-    elapsed = time.perf_counter() - started
+    elapsed, done = timed_run(argv, cwd, env)
     printed = done.stdout.count("tokens_per_s")
     assert done.returncode == 0 and printed == expect_lines, (done.returncode, printed, done.stderr[-2000:])
     return elapsed
