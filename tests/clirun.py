@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from cluster import write_spec
 from conftest import run_cli
 
 
@@ -23,6 +24,14 @@ def init_project(directory: Path, *, workers: int, epochs: int) -> Path:
     text = text.replace("        - 8\n", f"        - {epochs}\n")
     spec.write_text(text)
     return spec
+
+
+def run_failing(directory: Path, script: str, **spec_options) -> tuple[str, str]:
+    """Run a 2-node job (write_spec's options) that must fail; return its whole output and its closing summary."""
+    spec = write_spec(directory, script, nodes=2, **spec_options)
+    done = run_cli("run", "-f", str(spec), cwd=directory, timeout=180)
+    assert done.returncode == 1, done.stdout + done.stderr
+    return done.stdout, done.stdout[done.stdout.rindex("\nrun "):]
 
 
 def info_of(home: Path, run_id: str) -> dict:

@@ -18,7 +18,8 @@ from launcher.spec import load_spec
 
 
 def write_spec(directory: Path, script: str, *, nodes: int, args: list | None = None, work_dir: str = "./wd",
-               extra_cluster: dict | None = None, env: list | None = None) -> Path:
+               extra_cluster: dict | None = None, env: list | None = None, entry: dict | None = None) -> Path:
+    """A spec running ``script`` as job.py; ``entry`` replaces ``{"entryPoint": "job.py"}`` (``{"module": ...}``)."""
     (directory / "job.py").write_text(script)
     spec = {
         "kind": "distributed", "apiVersion": "v1.0",
@@ -28,7 +29,7 @@ def write_spec(directory: Path, script: str, *, nodes: int, args: list | None = 
             "cluster": {"kind": "pytorch", "spec": {
                 "workDir": work_dir, "config": {"env": env or []},
                 "main": {"replicas": 1}, "worker": {"replicas": nodes - 1}, **(extra_cluster or {})}},
-            "runtime": {"kind": "python", "spec": {"entryPoint": "job.py", "args": args or []}},
+            "runtime": {"kind": "python", "spec": {**(entry or {"entryPoint": "job.py"}), "args": args or []}},
         },
     }
     path = directory / "train.yaml"

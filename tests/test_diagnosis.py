@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import Watcher, run_id_from
+from clirun import Watcher, run_failing, run_id_from
 from cluster import write_spec
 from conftest import run_cli
 from launcher.commands.watch import LogFollower
@@ -69,14 +69,6 @@ for i in range(25):
 sys.stderr.write("\\n")
 print("done", flush=True)
 """
-
-
-def run_failing(tmp_path, script: str, **spec_options) -> tuple[str, str]:
-    """Run a 2-node job that must fail; return its whole output and its closing summary."""
-    spec = write_spec(tmp_path, script, nodes=2, **spec_options)
-    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
-    assert done.returncode == 1, done.stdout + done.stderr
-    return done.stdout, done.stdout[done.stdout.rindex("\nrun "):]
 
 
 def test_an_exception_on_one_rank_is_the_summary(tmp_path, launcher_home):

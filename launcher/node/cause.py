@@ -1,8 +1,15 @@
 """Why training failed, in a few words: the failing rank, its exit status or signal, and the exception.
 
-Sources, best first: torchrun's report of the first observed failure (rank, local rank, exit
-code, error file), the error file a script decorated with torch's ``@record`` writes, and
-otherwise the last lines that rank wrote to stderr (its traceback).
+torchrun's failure report lists every failed rank of this node (rank, local rank, exit code, error
+file), the first one it saw end as the root cause. Each one's exception and innermost frame of user
+code come from the error file a script decorated with torch's ``@record`` writes, else from the last
+lines that rank wrote to stderr: a traceback (whatever prefix its lines carry: torch adds
+``[rank3]: `` once a process group exists), a SyntaxError's caret block, or the one line
+``python -m`` prints when there is nothing to run.
+
+The rank torchrun saw end first is not always the one that failed first: a rank that only lost a
+peer (a gloo or NCCL connection error) often ends before the rank that raised has finished
+exiting. Such a cause gives way to another failed rank of this node with an exception of its own.
 """
 
 from __future__ import annotations
@@ -10,14 +17,22 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from launcher.node.exits import killed_by, signal_name
 
+_ENTRY = re.compile(r"^\[\d+\]:\s*$")  # "[0]:" opens one failure of torchrun's report
 _REPORT_FIELD = re.compile(r"^\s*(rank|exitcode|error_file)\s*:\s*(.*)$")
-_RANK = re.compile(r"(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
-_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$')
+_NUMBER = re.compile(r"(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
+_HEADER = "Traceback (most recent call last):"
+_FRAME = re.compile(r'  File "(.+)", line (\d+)(?:, in (.+))?$')  # no "in" for a SyntaxError's location
+_RUNPY = re.compile(r"^\S*python[\d.]*: (.+)$")  # "/usr/bin/python3: No module named pkg"
+# What a rank prints when a peer it waits on is gone: consequences, not causes.
+_PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited|"
+                        r"communicator was aborted|collective operation timeout|Timed out waiting|"
+                        r"Dist(Backend|Network|Store)Error")
 LIBRARY_PATHS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+STDERR_TAIL_LINES = 10  # kept in the cause, for the status record and failure marker
 
 
 @dataclass
@@ -34,38 +49,65 @@ class Cause:
         return asdict(self)
 
 
-def from_torchrun(report: Iterable[str]) -> Cause:
-    """The "Root Cause (first observed failure)" section of torchrun's failure report."""
-    cause = Cause()
+def diagnose(report: Iterable[str], stderr_tails: Mapping[int, Sequence[str]]) -> Cause:
+    """This node's cause: torchrun's root cause, unless that rank only lost a peer and another raised."""
+    failures = from_torchrun(report)
+    for cause in failures:
+        tail = list(stderr_tails.get(cause.local_rank, ())) if cause.local_rank is not None else []
+        cause.stderr_tail = tail[-STDERR_TAIL_LINES:]
+        if cause.exception is None:
+            cause.exception, frame = from_stderr(tail)
+            cause.frame = cause.frame or frame
+    if not failures:
+        return Cause()
+    root = failures[0]
+    if not lost_a_peer(root):
+        return root
+    return next((cause for cause in failures[1:] if cause.exception and not lost_a_peer(cause)), root)
+
+
+def lost_a_peer(cause: Cause) -> bool:
+    """The rank failed because a peer it waited on is gone (its error names the connection, not a cause)."""
+    return bool(cause.exception and _PEER_LOST.search(cause.exception))
+
+
+def from_torchrun(report: Iterable[str]) -> list[Cause]:
+    """Every failure in torchrun's failure report, its "Root Cause (first observed failure)" first."""
+    failures: list[Cause] = []
+    root = 0
     in_root = False
     for line in report:
         if "Root Cause" in line:
             in_root = True
-            continue
-        match = _REPORT_FIELD.match(line) if in_root else None
-        if not match:
-            continue
-        key, value = match.groups()
-        if key == "rank":
-            numbers = _RANK.match(value.strip())
-            if numbers:
-                cause.rank = int(numbers.group(1))
-                cause.local_rank = int(numbers.group(2)) if numbers.group(2) else None
-        elif key == "exitcode":
-            code = _RANK.match(value.strip())
-            if code:
-                status = int(code.group(1))
-                if status < 0:
-                    cause.signal, cause.exit_code = signal_name(-status), killed_by(-status)
-                else:
-                    cause.exit_code = status
-        elif key == "error_file" and not value.strip().startswith("<"):
-            exception, frame = from_error_file(value.strip())
-            cause.exception, cause.frame = exception or cause.exception, frame or cause.frame
-    return cause
+        elif _ENTRY.match(line):
+            root = len(failures) if in_root else root
+            failures.append(Cause())
+        elif failures:
+            _read_field(failures[-1], line)
+    return failures[root:root + 1] + failures[:root] + failures[root + 1:]
+
+
+def _read_field(cause: Cause, line: str) -> None:
+    match = _REPORT_FIELD.match(line)
+    if not match:
+        return
+    key, value = match.group(1), match.group(2).strip()
+    number = _NUMBER.match(value)
+    if key == "rank" and number:
+        cause.rank = int(number.group(1))
+        cause.local_rank = int(number.group(2)) if number.group(2) else None
+    elif key == "exitcode" and number:
+        status = int(number.group(1))
+        if status < 0:
+            cause.signal, cause.exit_code = signal_name(-status), killed_by(-status)
+        else:
+            cause.exit_code = status
+    elif key == "error_file" and not value.startswith("<"):
+        cause.exception, cause.frame = from_error_file(value)
 
 
 def from_error_file(path: str) -> tuple[str | None, str | None]:
+    """The exception and user frame in the error file torch's ``@record`` writes."""
     try:
         with open(path, encoding="utf-8") as handle:
             message = json.load(handle)["message"]
@@ -74,28 +116,46 @@ def from_error_file(path: str) -> tuple[str | None, str | None]:
     if isinstance(message, str):
         return message, None
     callstack = (message.get("extraInfo") or {}).get("py_callstack", "")
-    _, frame = from_traceback(callstack.splitlines())
+    _, frame = from_stderr(callstack.splitlines())
     return message.get("message"), frame
 
 
-def from_traceback(lines: Sequence[str]) -> tuple[str | None, str | None]:
-    """The exception line and the innermost frame of user code in the last traceback of ``lines``."""
-    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
-                default=None)
-    if start is None:
-        return None, None
+def from_stderr(lines: Sequence[str]) -> tuple[str | None, str | None]:
+    """The exception line and the innermost frame of user code of the last error report in ``lines``."""
+    block = _last_traceback(lines)
+    if block is None:
+        said = next((found.group(1) for found in map(_RUNPY.match, reversed(lines)) if found), None)
+        return said, None
     exception = None
     frame = None
-    block = list(lines[start + 1:])
     for index, line in enumerate(block):
         found = _FRAME.match(line)
-        if found and not any(part in found.group(1) for part in LIBRARY_PATHS):
-            code = block[index + 1].strip() if index + 1 < len(block) and not _FRAME.match(block[index + 1]) else ""
-            frame = f"{found.group(1)}:{found.group(2)} in {found.group(3)}" + (f": {code}" if code else "")
-        elif not line.startswith(" ") and line.strip():  # the first unindented line ends the frames
+        if found:
+            if not any(part in found.group(1) for part in LIBRARY_PATHS):
+                code = block[index + 1] if index + 1 < len(block) else ""
+                frame = _frame_text(*found.groups(), code.strip() if code.startswith("    ") else "")
+        elif line.strip() and not line.startswith(" "):  # the first unindented line ends the frames
             exception = line.strip()
             break
     return exception, frame
+
+
+def _last_traceback(lines: Sequence[str]) -> list[str] | None:
+    """The lines after the last traceback header, or from the first frame when there is no header (a
+    SyntaxError's report, a tail that lost its top), each without the prefix the header or frame has."""
+    header = next((i for i in range(len(lines) - 1, -1, -1) if _HEADER in lines[i]), None)
+    if header is not None:
+        width = lines[header].index(_HEADER)
+        return [line[width:] for line in lines[header + 1:]]
+    for index, line in enumerate(lines):
+        found = _FRAME.search(line)
+        if found:
+            return [line[found.start():] for line in lines[index:]]
+    return None
+
+
+def _frame_text(path: str, line: str, function: str | None, code: str) -> str:
+    return f"{path}:{line}" + (f" in {function}" if function else "") + (f": {code}" if code else "")
 
 
 def describe(cause: dict) -> str:

@@ -19,13 +19,13 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from typing import IO
 
 from launcher.gpus import accelerator_report, visible_gpus
 from launcher.node import outputs as outputs_mod
-from launcher.node.cause import Cause, from_traceback
+from launcher.node.cause import Cause, diagnose, lost_a_peer
 from launcher.node.cause import describe as describe_cause
-from launcher.node.cause import from_torchrun as cause_from_torchrun
 from launcher.node.control import ControlWatch, StopRequest, record_failure
 from launcher.node.exits import signal_name
 from launcher.node.logship import LogShipper
@@ -46,6 +46,8 @@ EXIT_STORE = 3
 EXIT_TIMED_OUT = 124  # maxRuntime or the hang watchdog, as timeout(1) reports it
 HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
+PEER_GRACE_SECONDS = 5.0  # how long a node whose ranks only lost a peer waits for that peer's failure marker
+PEER_POLL_SECONDS = 0.5
 
 
 class TooFewGpus(Exception):
@@ -58,6 +60,24 @@ class NothingToResume(Exception):
 
 class Stopped(Exception):
     """Raised by the signal handler while no training process is running yet."""
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """How torchrun's run ended: its exit status, and whether this node stopped it (and why)."""
+    code: int
+    own_failure: str | None = None  # maxRuntime or the hang watchdog: this node is the cause
+    stopped: bool = False  # stopped on request (a signal after training ended changes nothing)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """This node's final state, reason and exit status; ``mark_failed``: its own failure, to be marked."""
+    state: str
+    reason: str | None
+    exit_code: int
+    mark_failed: bool = False
+    details: dict | None = None
 
 
 class Node:
@@ -179,63 +199,70 @@ class Node:
         reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)
         sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
-        next_sync = time.monotonic() + settings.outputs_sync_interval
-        next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
-        code = None
-        own_failure: str | None = None  # maxRuntime or the hang watchdog: this node is the cause
-        stopped = False  # training was stopped on request (a signal after it ended changes nothing)
-        training_started = time.monotonic()
-        exited = _ExitEvent(self.proc.pid)
-        while code is None:
-            if exited.wait(0.5):  # wakes when torchrun exits, or after 0.5 s for the periodic duties
-                code = self.proc.wait()
-                break
-            own_failure = self._limits(rank_logs, training_started)
-            if own_failure:
-                self.say(f"stopping training: {own_failure}")
-                code = self._terminate()
-                break
-            self.stop_request = self.stop_request or self._control_check()
-            if self.stop_request:
-                self.say(f"stopping training: {self.stop_request.reason}")
-                code = self._terminate()
-                stopped = True
-                break
-            now = time.monotonic()
-            if now >= next_heartbeat:
-                self.status.heartbeat()
-                next_heartbeat = now + HEARTBEAT_SECONDS
-            if now >= next_sync:
-                sync.sync()
-                next_sync = now + settings.outputs_sync_interval
-        exited.close()
+        ended = self._supervise(rank_logs, sync)
         reader.join(timeout=10)
         rank_logs.close()
-        shutil.rmtree(log_dir, ignore_errors=True)
+        try:
+            outcome = self._outcome(decision, ended, rank_logs)
+        finally:  # not before: it holds the ranks' error files (torch's @record)
+            shutil.rmtree(log_dir, ignore_errors=True)
+        if outcome.mark_failed:  # before the outputs sync, which may take long: peers stop and learn why at once
+            self._mark_failed(outcome.state, outcome.reason, outcome.exit_code, outcome.details)
         synced = sync.sync()
         if synced:
             self.say(f"synced {synced} output files to {self.run.url}/outputs/{settings.node}/")
         if settings.outputs_temporary:  # every file is in the work dir now
             outputs_mod.remove_temporary(settings.outputs_dir)
-        if own_failure:
-            return self._finish("failed", own_failure, EXIT_TIMED_OUT, mark_failed=True)
-        if code == 0 and not stopped:  # training ended on its own, successfully: a later SIGTERM (compose
-            return self._finish("succeeded", None, 0)  # stopping the others as one exits) changes nothing
-        if code != 0 and self.stop_request is None:
-            # Did training fail because the run was cancelled or a peer failed first? Then that is the cause.
-            self.stop_request = self._control_check(force=True)
+        return self._finish(outcome.state, outcome.reason, outcome.exit_code, details=outcome.details)
+
+    def _supervise(self, rank_logs: RankLogs, sync: outputs_mod.OutputsSync) -> _Ended:
+        """Wait for torchrun to exit, meanwhile enforcing the limits, obeying stop requests and syncing."""
+        assert self.proc is not None
+        settings = self.settings
+        next_sync = time.monotonic() + settings.outputs_sync_interval
+        next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+        training_started = time.monotonic()
+        exited = _ExitEvent(self.proc.pid)
+        try:
+            while not exited.wait(0.5):  # wakes when torchrun exits, or after 0.5 s for the periodic duties
+                own_failure = self._limits(rank_logs, training_started)
+                if own_failure:
+                    self.say(f"stopping training: {own_failure}")
+                    return _Ended(self._terminate(), own_failure=own_failure)
+                self.stop_request = self.stop_request or self._control_check()
+                if self.stop_request:
+                    self.say(f"stopping training: {self.stop_request.reason}")
+                    return _Ended(self._terminate(), stopped=True)
+                now = time.monotonic()
+                if now >= next_heartbeat:
+                    self.status.heartbeat()
+                    next_heartbeat = now + HEARTBEAT_SECONDS
+                if now >= next_sync:
+                    sync.sync()
+                    next_sync = now + settings.outputs_sync_interval
+            return _Ended(self.proc.wait())
+        finally:
+            exited.close()
+
+    def _outcome(self, decision: Decision, ended: _Ended, rank_logs: RankLogs) -> _Outcome:
+        """How training ended for this node; reads the rank logs, so before they are deleted."""
+        if ended.own_failure:
+            return _Outcome("failed", ended.own_failure, EXIT_TIMED_OUT, mark_failed=True)
+        if ended.code == 0 and not ended.stopped:  # training ended on its own, successfully: a later SIGTERM
+            return _Outcome("succeeded", None, 0)  # (compose stopping the others as one exits) changes nothing
+        cause = diagnose(self.torchrun_output, rank_logs.stderr_tails)
+        # Did training fail because the run was cancelled or a peer failed first? Then that is the cause.
+        self.stop_request = self.stop_request or self._peer_stop(cause)
         if self.stop_request:
             cancelled = self.stop_request.state == "cancelled"
-            return self._finish(self.stop_request.state, self.stop_request.reason,
-                                EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
-        if code == EXIT_NO_MAIN:
+            return _Outcome(self.stop_request.state, self.stop_request.reason,
+                            EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
+        if ended.code == EXIT_NO_MAIN:
             reason = (f"the main node {decision.main} did not open {decision.master_addr}:{decision.master_port} "
-                      f"within {settings.rendezvous_timeout:g}s")
-            return self._finish("failed", reason, EXIT_PEER_FAILED, mark_failed=True)
-        cause = self._cause(rank_logs)
-        code = cause.exit_code if cause.exit_code else code
-        return self._finish("failed", describe_cause(cause.to_dict()), code, mark_failed=True,
-                            details={"cause": cause.to_dict()})
+                      f"within {self.settings.rendezvous_timeout:g}s")
+            return _Outcome("failed", reason, EXIT_PEER_FAILED, mark_failed=True)
+        return _Outcome("failed", describe_cause(cause.to_dict()), cause.exit_code or ended.code, mark_failed=True,
+                        details={"cause": cause.to_dict()})
 
     def _limits(self, rank_logs: RankLogs, training_started: float) -> str | None:
         """Why this node must stop the run now: maxRuntime reached, or every training process silent."""
@@ -253,16 +280,16 @@ class Node:
                         f"(silent ranks: {ranks})")
         return None
 
-    def _cause(self, rank_logs: RankLogs) -> Cause:
-        """The failing rank and why, from torchrun's report and that rank's own stderr."""
-        cause = cause_from_torchrun(self.torchrun_output)
-        if cause.local_rank is not None:
-            tail = list(rank_logs.stderr_tails.get(cause.local_rank, ()))
-            cause.stderr_tail = tail[-10:]
-            if cause.exception is None:
-                cause.exception, frame = from_traceback(tail)
-                cause.frame = cause.frame or frame
-        return cause
+    def _peer_stop(self, cause: Cause) -> StopRequest | None:
+        """A cancel or a peer's failure marker. When this node's ranks only lost a peer, the node whose
+        rank raised is given PEER_GRACE_SECONDS to write its marker, so that it, not this node, is the cause."""
+        alone = len(self.settings.nodes) == 1
+        deadline = time.monotonic() + (0 if alone or not lost_a_peer(cause) else PEER_GRACE_SECONDS)
+        while True:
+            request = self.stop_request or self._control_check(force=True)
+            if request or time.monotonic() >= deadline:
+                return request
+            time.sleep(PEER_POLL_SECONDS)
 
     def _control_check(self, force: bool = False) -> StopRequest | None:
         try:
@@ -294,13 +321,17 @@ class Node:
         except ProcessLookupError:
             return self.proc.wait()
 
+    def _mark_failed(self, state: str, reason: str | None, exit_code: int, details: dict | None) -> None:
+        """The failure marker: written first, so peers stop as early as possible."""
+        try:
+            record_failure(self.run, self.settings.node, self.rank, exit_code, reason or state, details)
+        except StoreError:
+            pass
+
     def _finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False,
                 details: dict | None = None) -> int:
-        if mark_failed:  # first, so peers stop as early as possible
-            try:
-                record_failure(self.run, self.settings.node, self.rank, exit_code, reason or state, details)
-            except StoreError:
-                pass
+        if mark_failed:
+            self._mark_failed(state, reason, exit_code, details)
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
         self.shipper.flush()  # every log line is in the work dir before the final status says so
         self.status.update(state=state, reason=reason, exit_code=exit_code, **(details or {}))

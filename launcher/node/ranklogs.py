@@ -21,7 +21,7 @@ from launcher.node.logship import LogShipper
 
 POLL_SECONDS = 0.1
 PROGRESS_EVERY_SECONDS = 1.0
-TAIL_LINES = 40
+TAIL_LINES = 200  # per rank, for the cause of a failure: a deep traceback keeps its user frames
 READ_BYTES = 1 << 20
 
 

@@ -1,0 +1,247 @@
+"""The run's summary names the exception and the innermost user frame of every kind of failure (issue 15).
+
+Through the real CLI with real torchrun on 2 local nodes, most failing after a gloo process group
+exists (torch then prefixes each line of the traceback with ``[rankN]: ``): an exception in a
+function, at module level, in a ``@record``-decorated function, an allocation failure; before the
+group exists; an ImportError; a SyntaxError in the entry script and in a module imported later; a
+``module:`` entry point that does not exist; and, with 2 processes per node, a rank that raised
+while the ranks waiting on it (on both nodes) report gloo connection errors. Then the parser on
+captured text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import pytest
+
+from clirun import run_failing, run_id_from
+from conftest import run_cli
+from launcher.node.cause import diagnose, from_stderr
+
+RAISES_IN_A_FUNCTION = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+def load_batch(step):
+    if dist.get_rank() == 1 and step == 2:
+        raise ValueError(f"corrupt batch at step {step}")
+for step in range(3):
+    load_batch(step)
+    dist.barrier()
+"""
+
+RAISES_AT_MODULE_LEVEL = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    raise KeyError("label")
+dist.barrier()
+"""
+
+# stderr is silenced: only the error file @record writes can tell, and it must be read before
+# the node deletes torchrun's log dir.
+RAISES_UNDER_RECORD = """
+import os
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+        raise RuntimeError("loss is nan")
+    dist.barrier()
+
+main()
+"""
+
+ALLOCATION_FAILS = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    weights = torch.empty(1 << 50, dtype=torch.uint8)
+dist.barrier()
+"""
+
+RAISES_BEFORE_INIT = """
+import os
+import torch.distributed as dist
+def load_batch(step):
+    if os.environ["RANK"] == "1" and step == 2:
+        raise ValueError(f"corrupt batch at step {step}")
+for step in range(3):
+    load_batch(step)
+dist.init_process_group("gloo")
+"""
+
+IMPORT_ERROR = """
+import torch.distributed as dist
+from torch.nn import TransformerBlock
+"""
+
+SYNTAX_ERROR = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("unclosed"
+"""
+
+IMPORTS_A_SYNTAX_ERROR = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    import augment
+dist.barrier()
+"""
+
+# The rank that raised ends last, as one tearing down a CUDA context does: its peers' gloo errors
+# reach torchrun first, on its own node as on the other.
+RAISES_AND_ENDS_LAST = """
+import atexit, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+def slow_teardown():
+    dist.destroy_process_group()
+    time.sleep(3)
+def step():
+    if dist.get_rank() == 2:
+        atexit.register(slow_teardown)
+        raise ValueError("rank 2 raised first")
+    dist.barrier()
+step()
+"""
+
+
+@dataclass(frozen=True)
+class Row:
+    script: str
+    exception: str
+    frame: str | None  # FILE:LINE..., FILE relative to the code directory; None: no frame to name
+    rank: int | None = 1  # None: every rank fails by itself, any may be first
+    files: dict[str, str] = field(default_factory=dict)  # more files in the code directory
+    entry: dict | None = None
+
+
+ROWS = {
+    "after init, in a function": Row(RAISES_IN_A_FUNCTION, "ValueError: corrupt batch at step 2",
+                                     'job.py:6 in load_batch: raise ValueError(f"corrupt batch at step {step}")'),
+    "after init, at module level": Row(RAISES_AT_MODULE_LEVEL, "KeyError: 'label'",
+                                       'job.py:5 in <module>: raise KeyError("label")'),
+    "after init, @record": Row(RAISES_UNDER_RECORD, "RuntimeError: loss is nan",
+                               'job.py:11 in main: raise RuntimeError("loss is nan")'),
+    "after init, allocation failure": Row(ALLOCATION_FAILS, "DefaultCPUAllocator: can't allocate memory",
+                                          "job.py:5 in <module>: weights = torch.empty(1 << 50, dtype=torch.uint8)"),
+    "before init": Row(RAISES_BEFORE_INIT, "ValueError: corrupt batch at step 2",
+                       'job.py:6 in load_batch: raise ValueError(f"corrupt batch at step {step}")'),
+    "ImportError at the top": Row(IMPORT_ERROR, "ImportError: cannot import name 'TransformerBlock'",
+                                  "job.py:3 in <module>: from torch.nn import TransformerBlock", rank=None),
+    "SyntaxError in the entry script": Row(SYNTAX_ERROR, "SyntaxError: '(' was never closed",
+                                           'job.py:4: print("unclosed"', rank=None),
+    "SyntaxError in a module imported later": Row(
+        IMPORTS_A_SYNTAX_ERROR, "SyntaxError: '[' was never closed", "augment.py:2: return image[:, ::-1",
+        files={"augment.py": "def flip(image):\n    return image[:, ::-1\n"}),
+    "module entry point that does not exist": Row(
+        "", "Error while finding module specification for 'trainer.main' "
+            "(ModuleNotFoundError: No module named 'trainer')", None, rank=None, entry={"module": "trainer.main"}),
+}
+
+
+@pytest.mark.parametrize("row", ROWS.values(), ids=ROWS.keys())
+def test_the_summary_names_the_exception_and_the_user_frame(tmp_path, launcher_home, row):
+    for name, text in row.files.items():
+        (tmp_path / name).write_text(text)
+    _, summary = run_failing(tmp_path, row.script, entry=row.entry)
+    cause = summary.split("  cause: ", 1)[1]
+    ranks = [row.rank] if row.rank is not None else [0, 1]
+    assert any(cause.startswith(f"rank {rank}: ") for rank in ranks), summary
+    assert row.exception in cause.splitlines()[0], summary
+    if row.frame:
+        assert f"\n    at {tmp_path}/{row.frame}\n" in summary, summary
+    else:
+        assert "\n    at " not in summary, summary
+
+
+def test_with_two_processes_per_node_the_rank_that_raised_is_the_cause_not_its_victims(tmp_path, launcher_home):
+    output, summary = run_failing(tmp_path, RAISES_AND_ENDS_LAST, extra_cluster={"processesPerNode": 2})
+    assert len(re.findall(r"Connection (closed|reset) by peer", output)) >= 3  # ranks 0, 1 and 3 lost their peer
+    assert "failed: node t-worker-0 (rank 1)" in summary
+    assert "cause: rank 2: ValueError: rank 2 raised first" in summary
+    assert f"at {tmp_path}/job.py:11 in step: raise ValueError" in summary
+    assert "stopped because of it: node t-main (rank 0)" in summary
+    status = json.loads(run_cli("status", run_id_from(output), "--json").stdout)
+    cause = status["first_failure"]["cause"]
+    assert (cause["local_rank"], cause["signal"]) == (0, "SIGTERM")  # torchrun saw a victim end first
+
+
+# The parser on captured text.
+
+TORCHRUN_REPORT = """\
+Failures:
+[1]:
+  time      : 2026-11-23_09:01:10
+  host      : localhost
+  rank      : 3 (local_rank: 1)
+  exitcode  : -15 (pid: 4445)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4445
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_09:01:10
+  host      : localhost
+  rank      : 2 (local_rank: 0)
+  exitcode  : 1 (pid: 4446)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+""".splitlines()
+
+GLOO_ERROR = """\
+[rank2]: Traceback (most recent call last):
+[rank2]:   File "/code/train.py", line 9, in <module>
+[rank2]:     dist.barrier()
+[rank2]:   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 5356, in barrier
+[rank2]:     work.wait()
+[rank2]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:11155.""".splitlines()
+
+USER_ERROR = """\
+[rank3]: Traceback (most recent call last):
+[rank3]:   File "/code/train.py", line 7, in <module>
+[rank3]:     raise ValueError("bad shard")
+[rank3]: ValueError: bad shard""".splitlines()
+
+
+def test_a_victim_that_torchrun_saw_end_first_gives_way_to_the_rank_that_raised():
+    cause = diagnose(TORCHRUN_REPORT, {0: GLOO_ERROR, 1: USER_ERROR})
+    assert (cause.rank, cause.local_rank, cause.signal) == (3, 1, "SIGTERM")
+    assert (cause.exception, cause.frame) == ("ValueError: bad shard", '/code/train.py:7 in <module>: '
+                                              'raise ValueError("bad shard")')
+    victims_only = diagnose(TORCHRUN_REPORT, {0: GLOO_ERROR, 1: GLOO_ERROR})
+    assert victims_only.rank == 2 and "Connection closed by peer" in victims_only.exception
+
+
+def test_the_root_cause_stands_when_it_raised_something_of_its_own():
+    cause = diagnose(TORCHRUN_REPORT, {0: [line.replace("rank3", "rank2") for line in USER_ERROR], 1: GLOO_ERROR})
+    assert cause.rank == 2 and cause.exception == "ValueError: bad shard"
+
+
+@pytest.mark.parametrize("prefix", ["", "[rank3]: ", "[default1]:", "2026-11-23 09:01:10,123 "])
+def test_a_traceback_is_read_whatever_its_prefix(prefix):
+    lines = ["step 1", *(prefix + line[len("[rank3]: "):] for line in USER_ERROR), prefix]
+    assert from_stderr(lines) == ("ValueError: bad shard", '/code/train.py:7 in <module>: raise ValueError("bad shard")')
+
+
+def test_a_traceback_that_lost_its_top_still_names_the_exception():
+    assert from_stderr(GLOO_ERROR[1:]) == (GLOO_ERROR[-1][len("[rank2]: "):], "/code/train.py:9 in <module>: "
+                                                                             "dist.barrier()")
+
+
+def test_a_syntax_error_and_a_missing_module():
+    caret_block = ['  File "/code/train.py", line 4', '    print("unclosed"', "         ^",
+                   "SyntaxError: '(' was never closed"]
+    assert from_stderr(["warming up", *caret_block]) == ("SyntaxError: '(' was never closed",
+                                                         '/code/train.py:4: print("unclosed"')
+    assert from_stderr(["/usr/bin/python3: No module named trainer"]) == ("No module named trainer", None)
+    assert from_stderr(["some output", ""]) == (None, None)
