@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-from launcher.backends.docker.containers import container_specs
+from launcher.backends.docker.containers import container_specs, s3_client_env
+from launcher.image.context import GENERATED_COMPOSE_HEADER
 from launcher.plan import Plan
 
 
@@ -13,25 +14,33 @@ def _literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def compose_document(plan: Plan, gpu_shares: list[str] | None = None,
-                     build_context: str | None = None, build_args: dict[str, str] | None = None) -> dict[str, Any]:
-    """``build_context``: a directory holding the staged build context, for nodes that use "@image",
-    built with the image's own build args and ``build_args`` (those `launcher build` was given)."""
+def compose_header(run_id: str) -> str:
+    """The file's first lines; the first marks it as generated, so that no image build sends it."""
+    return (f"{GENERATED_COMPOSE_HEADER} for run {run_id}: run it once, with\n"
+            "#   docker-compose -f FILE up --abort-on-container-exit\n"
+            f"# then `launcher watch {run_id}` / `launcher status {run_id}`; remove its containers and network\n"
+            "# with `docker-compose -f FILE down`. For another run, generate the file again.\n")
+
+
+def compose_document(plan: Plan, gpu_shares: list[str] | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """One service per node. S3 client settings taken from ``environ`` are written as ``${NAME}``:
+    compose reads them from the environment of ``up``, and no credential is written to the file."""
     services: dict[str, Any] = {}
-    for node, container in zip(plan.nodes, container_specs(plan, gpu_shares)):
-        service: dict[str, Any] = {"image": _literal(container["image"])}
-        if build_context and plan.image and node.image == plan.image.tag:
-            service["build"] = {"context": build_context, "dockerfile": plan.image.dockerfile,
-                                "args": {**plan.image.build_args, **(build_args or {})}}
-        service.update({
+    passed = set(s3_client_env(plan.spec, environ))
+    for node, container in zip(plan.nodes, container_specs(plan, gpu_shares, environ)):
+        environment = {name: f"${{{name}}}" if name in passed and name not in node.env else _literal(value)
+                       for name, value in container["environment"].items()}
+        service: dict[str, Any] = {
+            "image": _literal(container["image"]),
             "container_name": container["name"],
-            "hostname": container["hostname"],
             "init": True,
             "command": [_literal(part) for part in container["command"]],
-            "environment": {name: _literal(value) for name, value in container["environment"].items()},
+            "environment": environment,
             "volumes": [_literal(volume) for volume in container["volumes"]],
             "labels": container["labels"],
-        })
+        }
+        if "hostname" in container:
+            service["hostname"] = container["hostname"]
         if "network_mode" in container:  # else the file's own default network: one per `up`
             service["network_mode"] = container["network_mode"]
         if "shm_size" in container:

@@ -24,7 +24,7 @@ def local_spec(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def compose_file(tmp_path) -> Path:
+def compose_file(tmp_path, launcher_home) -> Path:
     out = tmp_path / "docker-compose.yaml"
     done = run_cli("compose", "-f", str(local_spec(tmp_path)), "-o", str(out))
     assert done.returncode == 0, done.stderr
@@ -65,12 +65,41 @@ def test_compose_specification_schema_accepts_it(compose_file):
     assert errors == []
 
 
-def test_credentials_are_mounted_read_only_for_object_store_work_dirs(tmp_path):
-    done = run_cli("compose", "-f", str(SEED_004))
+def s3_spec(tmp_path: Path, bucket: str, network: str) -> Path:
+    data = yaml.safe_load(local_spec(tmp_path).read_text())
+    data["spec"]["infrastructure"] = {"kind": "infrastructure", "type": "docker", "apiVersion": "v1.0",
+                                      "spec": {"network": network}}
+    data["spec"]["cluster"]["spec"]["workDir"] = f"s3://{bucket}/runs"
+    spec = tmp_path / "s3.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
+@pytest.mark.parametrize("has_aws_dir", [True, False])
+def test_s3_client_settings_by_reference(
+        tmp_path, s3_bucket, launcher_home, has_aws_dir):
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True) if has_aws_dir else home.mkdir()
+    done = run_cli("compose", "-f", str(s3_spec(tmp_path, s3_bucket, "host")), env={**os.environ, "HOME": str(home)})
     assert done.returncode == 0, done.stderr
+    assert ("secret" not in done.stdout.lower().replace("aws_secret_access_key", "")
+            and "testing" not in done.stdout)  # no credential in the file: compose reads them at `up`
     service = yaml.safe_load(done.stdout)["services"]["PyTorch-Distributed-main"]
-    assert service["volumes"] == [f"{os.path.expanduser('~/.oci')}:/root/.oci:ro"]
-    assert service["environment"]["LAUNCHER_WORK_DIR"] == "oci://my-bucket@my-namespace/path/to/dir/"
+    assert service["volumes"] == ([f"{home / '.aws'}:/root/.aws:ro"] if has_aws_dir else [])
+    assert (home / ".aws").exists() == has_aws_dir
+    environment = service["environment"]
+    assert environment["AWS_SECRET_ACCESS_KEY"] == "${AWS_SECRET_ACCESS_KEY}"
+    assert environment["FSSPEC_S3_ENDPOINT_URL"] == "${FSSPEC_S3_ENDPOINT_URL}"
+    assert environment["LAUNCHER_WORK_DIR"] == f"s3://{s3_bucket}/runs"
+
+
+def test_a_loopback_s3_endpoint_on_a_bridge_network_is_refused_before_anything_is_written(
+        tmp_path, s3_bucket, launcher_home):
+    out = tmp_path / "docker-compose.yaml"
+    done = run_cli("compose", "-f", str(s3_spec(tmp_path, s3_bucket, "bridge")), "-o", str(out))
+    assert done.returncode == 2
+    assert "is a loopback address of this machine" in done.stderr and "network: host" in done.stderr
+    assert not out.exists() and not launcher_home.exists()
 
 
 def test_compose_never_overwrites_without_force(compose_file, tmp_path):

@@ -9,8 +9,7 @@ from typing import TextIO
 from launcher.errors import BackendError, BadInput
 from launcher.plan import image_build
 from launcher.spec import load_spec
-from launcher.spec.model import DockerInfra, Spec, slug
-from launcher.workdirs import resolve_local, scheme
+from launcher.spec.model import slug
 
 
 LARGE_CONTEXT_BYTES = 500 << 20
@@ -26,32 +25,28 @@ def parse_build_args(pairs: list[str]) -> dict[str, str]:
     return result
 
 
-def local_paths_kept_out(spec: Spec) -> list[str]:
-    """The run's local directories (work dir, outputs): data, never image content."""
-    from launcher.backends.docker import DEFAULT_WORK_DIR
-
-    wanted = [spec.cluster.work_dir or (DEFAULT_WORK_DIR if isinstance(spec.infra, DockerInfra) else None),
-              spec.cluster.outputs_dir]
-    return [resolve_local(url, spec.base_dir) for url in wanted if url and scheme(url) == "file"]
-
-
 def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_cache: bool, verbose: bool,
           out: TextIO = sys.stdout) -> int:
     from launcher.dockerengine import api_error_text, connect
     from launcher.image import records
     from launcher.image.context import build_context
+    from launcher.image.identity import build_args_of, local_paths_kept_out
     from launcher.image.progress import BuildProgress, PushProgress
 
     spec = load_spec(file)
     extra_args = parse_build_args(build_args)
     started = time.monotonic()
     context = build_context(spec.base_dir, keep_out=local_paths_kept_out(spec))
-    tag = tag or f"launcher/{slug(spec.name)}:{context.digest[:12]}"
-    recipe = image_build(spec, tag)
+    dockerfile = image_build(spec).dockerfile
+    build_args = build_args_of(spec, extra_args)
+    identity = context.identity(dockerfile, build_args)
+    tag = tag or f"launcher/{slug(spec.name)}:{identity[:12]}"
     client = connect()
     kept_out = f"; kept out: {', '.join(context.excluded)}" if context.excluded else ""
     out.write(f"building {tag} from {spec.base_dir} ({context.files} files, {context.size / 2**20:.1f} MiB"
               f"{kept_out})\n")
+    if context.withheld:
+        out.write(f"note: never sent, whatever .dockerignore says: {', '.join(context.withheld)}\n")
     if context.size > LARGE_CONTEXT_BYTES:
         out.write(f"note: the build context is {context.size / 2**20:.0f} MiB: every byte goes into the image; "
                   "keep data sets and checkpoints out with a .dockerignore\n")
@@ -59,8 +54,8 @@ def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_c
     import docker.errors
 
     try:
-        for chunk in client.api.build(fileobj=context.archive, custom_context=True, dockerfile=recipe.dockerfile,
-                                      tag=tag, buildargs={**recipe.build_args, **extra_args}, nocache=no_cache,
+        for chunk in client.api.build(fileobj=context.archive, custom_context=True, dockerfile=dockerfile,
+                                      tag=tag, buildargs=build_args, nocache=no_cache,
                                       rm=True, forcerm=True, decode=True):
             progress.feed(chunk)
     except docker.errors.APIError as exc:
@@ -72,7 +67,7 @@ def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_c
         raise BackendError(progress.failure())
     image = client.images.get(tag)
     spec_file = spec.source or spec.base_dir / "train.yaml"
-    record = records.save(spec_file, tag, image.id, context.digest, extra_args)
+    record = records.save(spec_file, tag, image.id, identity, extra_args)
     total, _ = progress.steps
     out.write(f"built {tag} ({image.short_id}) in {time.monotonic() - started:.1f} s; "
               f"{progress.cached} of {total} steps from cache\n")
@@ -90,7 +85,7 @@ def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_c
             raise BackendError(f"push of {tag} refused: {pushing.error or 'the registry returned no digest'} "
                                "(the image is built and recorded, not pushed)")
         repository = tag.rsplit(":", 1)[0] if ":" in tag.rsplit("/", 1)[-1] else tag
-        record = records.save(spec_file, tag, image.id, context.digest, extra_args,
+        record = records.save(spec_file, tag, image.id, identity, extra_args,
                               pushed=f"{repository}@{pushing.digest}")
         out.write(f"pushed {record.pushed}\n")
     out.write(f'"@image" in {file} now means {record.reference}\n')

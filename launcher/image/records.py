@@ -22,7 +22,7 @@ class ImageRecord:
     spec_file: str
     tag: str
     image_id: str
-    context_digest: str
+    identity: str  # of the context, Dockerfile and build args it was built from (ImageRecord.identity)
     built_at: float
     pushed: str | None = None  # REPOSITORY@sha256:... once `build --push` succeeded
     build_args: dict[str, str] = field(default_factory=dict)  # the --build-arg values it was built with
@@ -43,13 +43,14 @@ def load(spec_file: Path | None) -> ImageRecord | None:
         return None
     try:
         data = json.loads(_path(spec_file).read_text())
+        data.setdefault("identity", data.pop("context_digest", ""))  # earlier versions named it so
         return ImageRecord(**data)
     except (OSError, ValueError, TypeError):
         return None
 
 
-def save(spec_file: Path, tag: str, image_id: str, context_digest: str, build_args: dict[str, str],
+def save(spec_file: Path, tag: str, image_id: str, identity: str, build_args: dict[str, str],
          pushed: str | None = None) -> ImageRecord:
-    record = ImageRecord(str(spec_file.resolve()), tag, image_id, context_digest, time.time(), pushed, build_args)
+    record = ImageRecord(str(spec_file.resolve()), tag, image_id, identity, time.time(), pushed, build_args)
     atomic_write(_path(spec_file), json.dumps(asdict(record), indent=1) + "\n")
     return record

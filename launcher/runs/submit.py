@@ -15,6 +15,7 @@ from typing import Iterator, TextIO
 
 from launcher.backends.base import Backend, DryRun
 from launcher.errors import BadInput
+from launcher.plan import Plan
 from launcher.runs import state
 from launcher.runs.preflight import check_work_dir
 from launcher.secrets_mask import mask
@@ -36,20 +37,26 @@ def held_interrupts() -> Iterator[list[int]]:
             signal.signal(sig, handler)
 
 
-def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, out: TextIO) -> int:
-    plan = request.plan
-    for note in request.notes:
-        out.write(f"note: {note}\n")
-    work_dir = backend.client_work_dir(plan)
-    info = state.RunInfo(run_id=plan.run_id, backend=backend.name, work_dir=work_dir,
+def new_run_info(backend: Backend, plan: Plan) -> state.RunInfo:
+    """The client's record of a run about to start (or, for compose, about to be written)."""
+    return state.RunInfo(run_id=plan.run_id, backend=backend.name, work_dir=backend.client_work_dir(plan),
                          nodes=plan.node_names, spec_file=str(plan.spec.source or ""),
                          spec_digest=plan.spec.digest, created_at=time.time(),
                          processes_per_node=plan.spec.cluster.processes_per_node or "auto",
                          overrides=list(plan.spec.overrides), effective_spec=mask(plan.spec.data))
+
+
+def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, out: TextIO) -> int:
+    plan = request.plan
+    for note in request.notes:
+        out.write(f"note: {note}\n")
+    info = new_run_info(backend, plan)
+    work_dir = info.work_dir
     state_dir = state.runs_dir() / plan.run_id
     if state_dir.exists():
         raise BadInput(f"run id {plan.run_id} was used before (in {state_dir}); choose another")
-    backend.check(request)
+    for warning in backend.check(request):
+        out.write(f"warning: {warning}\n")
     with held_interrupts() as interrupted:
         run = check_work_dir(work_dir, plan.run_id, {"run_id": plan.run_id, "backend": backend.name,
                                                           "nodes": len(plan.nodes), "created_at": info.created_at})
