@@ -4,7 +4,9 @@ and what a failure report quotes. The streams are the shapes Docker's API sends 
 from __future__ import annotations
 
 import io
+import os
 
+from launcher.image import progress as progress_module
 from launcher.image.progress import BuildProgress, PushProgress
 
 BUILD = [
@@ -19,6 +21,9 @@ BUILD = [
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
+
+    def fileno(self) -> int:
+        return 1  # the size asked for is the test's (os.get_terminal_size is replaced where it matters)
 
 
 def shown(progress_class, chunks, out):
@@ -80,8 +85,37 @@ def test_push_progress_piped_and_on_a_terminal():
     assert progress.digest == "sha256:0123" and progress.error is None
     terminal = Terminal()
     shown(PushProgress, PUSH[:4], terminal)
-    assert "pushing: 512 B of 2.0 KiB, 0 layers done" in terminal.getvalue()
+    assert "pushing: 512 B of 2.0 KiB, 0 of 2 layers done" in terminal.getvalue()
     refused = PushProgress(io.StringIO())
     refused.feed({"error": "denied: requested access to the resource is denied",
                   "errorDetail": {"message": "denied: requested access to the resource is denied"}})
     assert refused.error == "denied: requested access to the resource is denied"
+
+
+def test_the_push_count_never_passes_its_total():
+    terminal = Terminal()
+    shown(PushProgress, PUSH[:3] + [{"status": "Pushing", "id": "aaa", "progressDetail": {"current": 2800,
+                                                                                            "total": 2048}}], terminal)
+    assert terminal.getvalue().rstrip().endswith("pushing: 2.0 KiB of 2.0 KiB, 0 of 2 layers done")
+
+
+def test_engine_escape_codes_never_reach_pipes_or_failure_quotes():
+    out = io.StringIO()
+    progress = BuildProgress(out)
+    for chunk in [{"stream": "Step 1/1 : RUN make\n"}, {"stream": "\x1b[1;31merror:\x1b[0m no rule\r\n"},
+                  {"error": "\x1b[31mreturned a non-zero code: 2\x1b[0m"}]:
+        progress.feed(chunk)
+    assert "\x1b" not in out.getvalue() and "  error: no rule" in out.getvalue().splitlines()
+    assert progress.failure().splitlines()[1:] == ["  | error: no rule", "returned a non-zero code: 2"]
+    early = BuildProgress(io.StringIO())
+    early.feed({"error": "Cannot locate specified Dockerfile"})
+    assert early.failure() == "image build failed before the first step: Cannot locate specified Dockerfile"
+
+
+def test_terminal_status_lines_fit_the_terminal(monkeypatch):
+    monkeypatch.setattr(progress_module.os, "get_terminal_size", lambda fd: os.terminal_size((40, 24)))
+    out = Terminal()
+    long_line = {"stream": "Downloading " + "x" * 200 + "\n"}
+    shown(BuildProgress, [BUILD[0], long_line], out)
+    redrawn = [part for part in out.getvalue().split("\r\033[K") if part.startswith("  Downloading")]
+    assert redrawn and all(len(part.rstrip("\n")) <= 39 for part in redrawn)

@@ -10,6 +10,7 @@ from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
 from launcher.gpus import describe
 from launcher.runs.state import all_runs, resolve_run
 from launcher.runs.view import closing_line, open_run, read_view, record_lost
+from launcher.wording import plural
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -80,7 +81,7 @@ def show_config(ref: str | None) -> int:
         nodes = len(decision["ranks"])
         print(f"NNODES:       {nodes}")
         processes = decision.get("processes_per_node", info.processes_per_node)
-        print(f"WORLD_SIZE:   {nodes * processes} ({processes} processes per node)")
+        print(f"WORLD_SIZE:   {nodes * processes} ({plural(processes, 'process')} per node)")
         print("node ranks:")
         for name, rank in sorted(decision["ranks"].items(), key=lambda item: item[1]):
             print(f"  {rank:>4}  {name}")

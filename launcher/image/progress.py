@@ -5,11 +5,16 @@ Both keep what a failure report needs: the step that failed and its last output 
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
 from typing import Any, TextIO
 
+from launcher.wording import plural
+
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+# Terminal control sequences (colours, cursor moves) the engine passes on from the build's commands.
+ESCAPES = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])|[\x00-\x08\x0b-\x1f\x7f]")
 BAR_WIDTH = 24
 KEPT_LINES = 15
 
@@ -27,16 +32,28 @@ def _size(count: float) -> str:
     return ""
 
 
+def plain(text: str) -> str:
+    """The engine's text without terminal control sequences: printable anywhere, quotable in an error."""
+    return ESCAPES.sub("", text)
+
+
 class _Display:
     def __init__(self, out: TextIO) -> None:
         self.out = out
         self.tty = out.isatty()
         self.pending = False  # a status line is drawn and not ended
 
+    def _width(self) -> int:
+        try:
+            return os.get_terminal_size(self.out.fileno()).columns
+        except (OSError, ValueError, AttributeError):
+            return 80
+
     def status(self, text: str) -> None:
-        """On a terminal: redraw the one status line. Piped: nothing (lines carry the progress)."""
+        """On a terminal: redraw the one status line, cut to the terminal's width (a wrapped line could not be
+        redrawn). Piped: nothing (lines carry the progress)."""
         if self.tty:
-            self.out.write("\r\033[K" + text[:160])
+            self.out.write("\r\033[K" + text[:max(self._width() - 1, 1)])
             self.out.flush()
             self.pending = True
 
@@ -68,11 +85,11 @@ class BuildProgress:
 
     def feed(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
-            self.error = (chunk.get("errorDetail") or {}).get("message") or chunk["error"]
+            self.error = plain((chunk.get("errorDetail") or {}).get("message") or chunk["error"])
         if isinstance(chunk.get("aux"), dict) and "ID" in chunk["aux"]:
             self.image_id = chunk["aux"]["ID"]
         for text in (chunk.get("stream") or "").splitlines():
-            self._text(text.rstrip())
+            self._text(plain(text).rstrip())
 
     def _text(self, text: str) -> None:
         if not text:
@@ -98,10 +115,10 @@ class BuildProgress:
         self.display.end()
 
     def failure(self) -> str:
-        where = self.step or "before the first step"
+        where = f"at {self.step}" if self.step else "before the first step"
         tail = "\n".join(f"  | {line}" for line in self.recent)
-        return f"image build failed at {where}\n{tail}\n{self.error}" if tail else \
-            f"image build failed at {where}: {self.error}"
+        return f"image build failed {where}\n{tail}\n{self.error}" if tail else \
+            f"image build failed {where}: {self.error}"
 
 
 class PushProgress:
@@ -109,23 +126,25 @@ class PushProgress:
 
     def __init__(self, out: TextIO) -> None:
         self.display = _Display(out)
-        self.layers: dict[str, tuple[int, int]] = {}  # layer -> (bytes sent, size)
+        self.layers: dict[str, tuple[int, int]] = {}  # layer -> (bytes sent, size), once its size is known
+        self.seen: set[str] = set()
         self.done: set[str] = set()
         self.error: str | None = None
         self.digest: str | None = None
 
     def feed(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
-            self.error = (chunk.get("errorDetail") or {}).get("message") or chunk["error"]
+            self.error = plain((chunk.get("errorDetail") or {}).get("message") or chunk["error"])
             return
         if isinstance(chunk.get("aux"), dict) and "Digest" in chunk["aux"]:
             self.digest = chunk["aux"]["Digest"]
         layer, status = chunk.get("id"), chunk.get("status") or ""
         if not layer or layer in self.done:
             return
+        self.seen.add(layer)
         detail = chunk.get("progressDetail") or {}
-        if detail.get("total"):
-            self.layers[layer] = (detail.get("current", 0), detail["total"])
+        if detail.get("total"):  # the engine's count can pass its own total (headers, retries): capped
+            self.layers[layer] = (min(detail.get("current", 0), detail["total"]), detail["total"])
         if status in ("Pushed", "Layer already exists") or status.startswith("Mounted from"):
             self.done.add(layer)
             size = self.layers.get(layer, (0, 0))[1]
@@ -134,7 +153,7 @@ class PushProgress:
         sent = sum(current for current, _ in self.layers.values())
         total = sum(size for _, size in self.layers.values())
         self.display.status(f"{_bar(sent, total)} pushing: {_size(sent)} of {_size(total)}, "
-                            f"{len(self.done)} layers done")
+                            f"{len(self.done)} of {plural(len(self.seen), 'layer')} done")
 
     def finish(self) -> None:
         self.display.end()
