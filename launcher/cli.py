@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait before forcing (default 15)")
     p.set_defaults(handler=_cancel)
 
-    p = verbs.add_parser("clean", help="remove old runs' records and local temporary outputs")
+    p = verbs.add_parser("clean", help="remove old (or the named) runs' records, local temporary outputs and "
+                         "leftover containers")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="these runs (ended), whatever their age")
     p.add_argument("--older-than", default="7d", metavar="AGE", help="runs created longer ago than this "
                    "(default 7d; seconds or a number with s, m, h, d)")
     p.add_argument("--work-dir", action="store_true", help="also delete their data in the work dir "
@@ -201,7 +203,7 @@ def _cancel(args: argparse.Namespace) -> int:
 def _clean(args: argparse.Namespace) -> int:
     from launcher.commands.clean import clean
 
-    return clean(args.older_than, work_dir=args.work_dir, dry_run=args.dry_run)
+    return clean(args.older_than, work_dir=args.work_dir, dry_run=args.dry_run, runs=args.runs)
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -104,20 +104,9 @@ def test_run_before_build_says_so_and_starts_nothing(tmp_path, docker_engine, la
     assert run_containers("never-built-1") == [] and not (launcher_home / "runs").exists()
 
 
-def test_push_records_the_digest_and_the_image_pulls_back_by_it(project, registry, tmp_path):
+def test_a_refused_push_records_the_build_not_a_push(project):
     spec, env = project
     base = recorded_image(env)["build_args"]["BASE_IMAGE"]
-    tag = f"{registry.address}/launcher-test/train:v1"
-    done = run_cli("build", "-f", str(spec), "--tag", tag, "--push", "--build-arg", f"BASE_IMAGE={base}",
-                   env=env, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    pushed = recorded_image(env)["pushed"]
-    assert re.fullmatch(rf"{re.escape(registry.address)}/launcher-test/train@sha256:[0-9a-f]{{64}}", pushed)
-    assert docker("rmi", tag).returncode == 0
-    pulled = docker("pull", pushed, timeout=300)
-    assert pulled.returncode == 0, pulled.stderr
-    assert docker("image", "inspect", pushed).returncode == 0
-    # A registry that refuses: exit 3, and the record says built, not pushed.
     refused = run_cli("build", "-f", str(spec), "--tag", "127.0.0.1:9/launcher-test/train:v1", "--push",
                       "--build-arg", f"BASE_IMAGE={base}", env=env, timeout=300)
     assert refused.returncode == 3 and "push of 127.0.0.1:9/launcher-test/train:v1 refused" in refused.stderr
@@ -139,7 +128,7 @@ def test_two_node_run_trains_shows_both_nodes_and_leaves_no_container(project):
     assert status["result"] == "succeeded"
     info = info_of(Path(env["LAUNCHER_HOME"]), run_id)
     assert info["backend"] == "docker" and set(info["backend_ids"]["containers"]) == set(info["nodes"])
-    assert wait_until(lambda: not run_containers(run_id) and not run_networks(run_id), 30)
+    assert run_containers(run_id) == [] and run_networks(run_id) == []  # `run` returned after the clean-up
 
 
 @pytest.mark.parametrize("how", [["kill"], ["rm", "-f"]])
@@ -195,39 +184,16 @@ def test_hostile_args_reach_the_script_byte_for_byte(project, tmp_path):
     run_id = run_id_from(done.stdout)
     kept = run_containers(run_id)  # --keep: the supervisor leaves them for docker logs / inspect
     assert len(kept) == 2 and "ARGV" in docker("logs", kept[0]).stdout
-    docker("rm", "-f", *kept)
-    docker("network", "rm", *run_networks(run_id))
-
-
-def test_docker_compose_up_trains_to_completion(project, docker_compose_bin):
-    spec, env = project
-    out = spec.parent / "docker-compose.yaml"
-    done = run_cli("compose", "-f", str(spec), "-o", str(out), "--force", env=env)
-    assert done.returncode == 0, done.stderr
-    document = yaml.safe_load(out.read_text())
-    main = document["services"]["pytorch-ddp-main"]
-    assert main["image"] == recorded_image(env)["tag"] and main["build"]["args"]["BASE_IMAGE"]
-    config = subprocess.run([docker_compose_bin, "-f", str(out), "config", "-q"], capture_output=True, text=True)
-    assert config.returncode == 0, config.stderr
-    # --build: compose builds the staged context itself (every step cached from `launcher build`)
-    up = subprocess.run([docker_compose_bin, "-f", str(out), "up", "--build", "--abort-on-container-exit",
-                         "-t", "120"],
-                        capture_output=True, text=True, timeout=600, cwd=spec.parent)
-    try:
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        run_id = main["environment"]["LAUNCHER_RUN_ID"]
-        for node in ("pytorch-ddp-main", "pytorch-ddp-worker-0"):
-            status = json.loads((spec.parent / "work_dir" / run_id / "status" / f"{node}.json").read_text())
-            assert status["state"] == "succeeded"
-        again = subprocess.run([docker_compose_bin, "-f", str(out), "up", "--abort-on-container-exit"],
-                               capture_output=True, text=True, timeout=300, cwd=spec.parent)
-        assert again.returncode != 0 and "its run id was used before" in again.stdout + again.stderr
-    finally:
-        subprocess.run([docker_compose_bin, "-f", str(out), "down", "-t", "1"], capture_output=True, timeout=120)
+    assert f"remove them with: launcher clean {run_id}" in done.stdout
+    cleaned = run_cli("clean", run_id, env=env)
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert f"container {run_id}-pytorch-ddp-main" in cleaned.stdout and f"network launcher-{run_id}" in cleaned.stdout
+    assert run_containers(run_id) == [] and run_networks(run_id) == []
 
 
 def test_s3_work_dir_on_the_host_network(project, moto, tmp_path):
-    """An object-store work dir reached over the network: the nodes get the endpoint and keys from --env."""
+    """An object-store work dir reached over the network: the nodes get this machine's S3 settings, and no
+    ~/.aws is made where there is none."""
     spec, env = project
     moto.make_bucket("docker-s3-run")
     s3_spec = spec.parent / "s3.yaml"
@@ -235,9 +201,11 @@ def test_s3_work_dir_on_the_host_network(project, moto, tmp_path):
                        .replace("workDir: ./work_dir", "workDir: s3://docker-s3-run/runs")
                        .replace("image: \"@image\"", f"image: {recorded_image(env)['tag']}")
                        .replace("    type: local\n", "    type: docker\n    spec:\n      network: host\n"))
-    node_env = [f"--env={name}={value}" for name, value in moto.env().items()]
-    done = run_cli("run", "-f", str(s3_spec), *node_env, env={**env, **moto.env()}, timeout=300)
+    home = tmp_path / "home-without-aws"
+    home.mkdir()
+    done = run_cli("run", "-f", str(s3_spec), env={**env, **moto.env(), "HOME": str(home)}, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert list(home.iterdir()) == []
     assert "work dir s3://docker-s3-run/runs/" in done.stdout
     run_id = run_id_from(done.stdout)
     assert "MASTER_ADDR=127.0.0.1" in done.stdout
@@ -284,3 +252,154 @@ def test_stopping_a_container_that_ended_meanwhile_is_not_an_error(node_base_ima
     finally:
         container.remove(force=True)
     assert _kill(container) is False and _wait(container, 0.1) is True  # removed: the same answers
+
+
+def copy_project(spec: Path, target: Path, env: dict) -> Path:
+    """The project in a new directory (its own spec file, so its own image record), built; no run data."""
+    import shutil
+
+    shutil.copytree(spec.parent, target, ignore=shutil.ignore_patterns("work_dir"))
+    copy = target / spec.name
+    base = f"BASE_IMAGE={recorded_image(env)['build_args']['BASE_IMAGE']}"  # never a registry's default image
+    built = run_cli("build", "-f", str(copy), "--build-arg", base, env=env, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    return copy
+
+
+NEVER_IN_THE_IMAGE = (".env", ".env.local", ".aws", "server.pem", ".git", ".oci", "work_dir", "compose.yaml")
+
+
+def test_dockerignore_lines_never_put_secrets_or_run_data_into_the_image(project, tmp_path):
+    spec, env = project
+    spec = copy_project(spec, tmp_path / "dockerignored", env)
+    root = spec.parent
+    for path in (".env", ".env.local", ".aws/credentials", "server.pem", ".git/config",
+                 "work_dir/run-1/outputs/model.pt"):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("secret\n")
+    assert run_cli("compose", "-f", str(spec), "-o", str(root / "compose.yaml"), env=env,
+                   timeout=300).returncode == 0
+    base = f"BASE_IMAGE={recorded_image(env)['build_args']['BASE_IMAGE']}"
+    for dockerignore in ("!.env\n!.aws\n!server.pem\n!.git\n!work_dir\n!compose.yaml\n",  # re-include
+                         "*\n!train.py\n!train.yaml\n"):  # an allow-list
+        (root / ".dockerignore").write_text(dockerignore)
+        done = run_cli("build", "-f", str(spec), "--build-arg", base, env=env, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        files = docker("run", "--rm", "--entrypoint", "find", recorded_image(env, spec)["tag"], "/code").stdout
+        found = {line.removeprefix("/code/").split("/")[0] for line in files.split()}
+        assert "train.py" in found and not found & set(NEVER_IN_THE_IMAGE), files
+    assert "never sent, whatever .dockerignore says: .aws, .env, .git, server.pem" not in done.stdout  # allow-list
+
+
+def test_the_image_that_was_pushed_is_the_one_that_runs(project, registry, tmp_path):
+    """After `build --push`, "@image" is the pushed digest: pulled when the engine no longer has it."""
+    spec, env = project
+    spec = copy_project(spec, tmp_path / "pushed", env)
+    base = recorded_image(env)["build_args"]["BASE_IMAGE"]
+    tag = f"{registry.address}/launcher-test/pushed:v1"
+    done = run_cli("build", "-f", str(spec), "--tag", tag, "--push", "--build-arg", f"BASE_IMAGE={base}",
+                   env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    pushed = recorded_image(env, spec)["pushed"]
+    assert re.fullmatch(rf"{re.escape(registry.address)}/launcher-test/pushed@sha256:[0-9a-f]{{64}}", pushed)
+    assert docker("rmi", tag).returncode == 0
+    docker("rmi", pushed)  # the digest reference too, if the engine kept one: nothing of it is left locally
+    assert docker("image", "inspect", pushed).returncode != 0
+    dry = run_cli("run", "-f", str(spec), "--backend", "docker", "--dry-run", "--output", "json", env=env)
+    assert {node["image"] for node in json.loads(dry.stdout)["nodes"]} == {pushed}
+    ran = run_cli("run", "-f", str(spec), "--backend", "docker", env=env, timeout=600)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert docker("image", "inspect", pushed).returncode == 0
+
+
+def test_a_container_that_dies_before_reporting_shows_why(project):
+    """A node that cannot even start (its command is not found): the summary quotes its last lines."""
+    spec, env = project
+    done = run_cli("run", "-f", str(spec), "--backend", "docker", "--env", "PATH=/nowhere", env=env, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = done.stdout[done.stdout.rindex("\nrun "):]
+    assert "without reporting" in summary and "its console log is" in summary, summary
+    assert "exec python failed: No such file or directory" in summary, summary
+    run_id = run_id_from(done.stdout)
+    status = run_cli("status", run_id, env=env)
+    assert "exec python failed: No such file or directory" in status.stdout, status.stdout
+
+
+def test_a_dead_supervisors_duties_are_taken_over_by_the_next_command(project):
+    """kill -9 of the supervisor, then docker kill of a worker: `status` records the worker's death with the
+    engine's time (the worker is the cause, not the main it stopped), and removes what is left once all ended."""
+    import signal
+
+    spec, env = project
+    started = run_cli("run", "-f", str(spec), "--backend", "docker", "--detach", "--", "--epochs", "500", env=env)
+    assert started.returncode == 0, started.stderr
+    run_id = run_id_from(started.stdout)
+    Watcher(run_id, env).wait_for(r"\[pytorch-ddp-worker-0\s+r\d\] rank \d: epoch 1/500", timeout=180)
+    supervisor = json.loads((Path(env["LAUNCHER_HOME"]) / "runs" / run_id / "supervisor.json").read_text())
+    os.kill(supervisor["supervisor"]["pid"], signal.SIGKILL)
+    assert docker("kill", f"{run_id}-pytorch-ddp-worker-0").returncode == 0
+
+    def ended() -> dict | None:
+        status = json.loads(run_cli("status", run_id, "--json", env=env).stdout)
+        return status if status["result"] == "failed" and not run_containers(run_id) else None
+
+    assert wait_until(ended, 90), run_cli("status", run_id, env=env).stdout
+    status = ended()
+    assert status["first_failure"]["node"] == "pytorch-ddp-worker-0" and status["first_failure"]["exit_code"] == 137
+    assert run_networks(run_id) == []
+    cancel = run_cli("cancel", run_id, env=env)
+    assert cancel.returncode == 0 and "already ended: failed" in cancel.stdout
+
+
+def test_compose_runs_the_current_code_once_built_and_launcher_sees_the_run(project, docker_compose_bin, tmp_path):
+    spec, env = project
+    spec = copy_project(spec, tmp_path / "composed", env)
+    (spec.parent / "train.py").write_text((spec.parent / "train.py").read_text()
+                                          + "\nprint('edited after the first build', flush=True)\n")
+    out = spec.parent / "docker-compose.yaml"
+    done = run_cli("compose", "-f", str(spec), "-o", str(out), env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert '"@image" is older than the code: building it first' in done.stderr  # compose itself never builds
+    document = yaml.safe_load(out.read_text())
+    assert all("build" not in service for service in document["services"].values())
+    assert {service["image"] for service in document["services"].values()} == {recorded_image(env, spec)["tag"]}
+    run_id = document["services"]["pytorch-ddp-main"]["environment"]["LAUNCHER_RUN_ID"]
+    pending = json.loads(run_cli("status", run_id, "--json", env=env).stdout)
+    assert pending["result"] == "pending"  # recorded when the file was written
+    up = subprocess.run([docker_compose_bin, "-f", str(out), "up", "--abort-on-container-exit", "-t", "120"],
+                        capture_output=True, text=True, timeout=600, cwd=spec.parent)
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        assert "edited after the first build" in up.stdout + up.stderr
+        assert json.loads(run_cli("status", run_id, "--json", env=env).stdout)["result"] == "succeeded"
+        watched = run_cli("watch", run_id, "--no-follow", env=env)
+        assert re.search(r"\[pytorch-ddp-worker-0\s+r\d\] rank \d: epoch 3/3", watched.stdout), watched.stdout
+        again = subprocess.run([docker_compose_bin, "-f", str(out), "up", "--abort-on-container-exit"],
+                               capture_output=True, text=True, timeout=300, cwd=spec.parent)
+        assert again.returncode != 0 and "its run id was used before" in again.stdout + again.stderr
+    finally:
+        subprocess.run([docker_compose_bin, "-f", str(out), "down", "-t", "1"], capture_output=True, timeout=120)
+
+
+def test_a_node_killed_under_compose_is_recorded_by_the_next_command(project, docker_compose_bin, tmp_path):
+    spec, env = project
+    spec = copy_project(spec, tmp_path / "composed-kill", env)
+    spec.write_text(spec.read_text().replace("        - 3\n", "        - 500\n"))
+    out = spec.parent / "docker-compose.yaml"
+    done = run_cli("compose", "-f", str(spec), "-o", str(out), env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    run_id = yaml.safe_load(out.read_text())["services"]["pytorch-ddp-main"]["environment"]["LAUNCHER_RUN_ID"]
+    up = subprocess.Popen([docker_compose_bin, "-f", str(out), "up", "--abort-on-container-exit", "-t", "30"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=spec.parent)
+    try:
+        Watcher(run_id, env).wait_for(r"\[pytorch-ddp-worker-0\s+r\d\] rank \d: epoch 1/500", timeout=180)
+        assert docker("kill", f"{run_id}-pytorch-ddp-worker-0").returncode == 0
+        status = run_cli("status", run_id, "--json", env=env)
+        first = json.loads(status.stdout)["first_failure"]
+        assert first["node"] == "pytorch-ddp-worker-0" and first["exit_code"] == 137, status.stdout
+        up.wait(timeout=120)
+    finally:
+        up.kill()
+        subprocess.run([docker_compose_bin, "-f", str(out), "down", "-t", "1"], capture_output=True, timeout=120)
+    cleaned = run_cli("clean", run_id, env=env)
+    assert cleaned.returncode == 0 and not (Path(env["LAUNCHER_HOME"]) / "runs" / run_id).exists()

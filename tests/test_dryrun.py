@@ -183,4 +183,11 @@ def test_image_build_is_planned_for_the_built_image(tmp_path):
     build = data["image_build"]
     assert build["dockerfile"] == "artifacts/pytorch/v1/Dockerfile" and build["context"] == str(tmp_path)
     assert {node["image"] for node in data["nodes"]} == {build["tag"]}
-    assert all(r["body"]["image"] == build["tag"] for r in data["requests"])
+    network, *containers = data["requests"]
+    run_id = data["run_id"]
+    # every engine call, exactly as sent: the run's network first, then one container per node
+    assert (network["operation"], network["body"]) == (
+        "networks.create", {"name": f"launcher-{run_id}", "driver": "bridge", "labels": {"launcher.run-id": run_id}})
+    assert [r["operation"] for r in containers] == ["containers.create"] * len(data["nodes"])
+    assert all(r["body"]["image"] == build["tag"] and r["body"]["network"] == network["body"]["name"]
+               and "detach" not in r["body"] for r in containers)

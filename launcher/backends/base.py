@@ -18,7 +18,7 @@ from launcher.spec.model import Spec
 
 @dataclass(frozen=True)
 class Request:
-    """One call the backend makes: e.g. ``create_job``, ``create_job_run``, ``containers.run``, ``spawn``."""
+    """One call the backend makes: e.g. ``create_job``, ``create_job_run``, ``containers.create``, ``spawn``."""
 
     operation: str
     target: str
@@ -109,8 +109,10 @@ class Backend(ABC):
         plan, notes = self.plan(spec, run_id=run_id, resume_from=resume_from)
         return DryRun(self.name, plan, tuple(self.requests(plan)), tuple(notes))
 
-    def check(self, dryrun: DryRun) -> None:
-        """Refuse, before anything starts, a request this backend cannot carry out (raise BadInput)."""
+    def check(self, dryrun: DryRun) -> list[str]:
+        """Refuse, before anything starts, a request this backend cannot carry out (raise BadInput); return
+        warnings about one it can (e.g. an image older than the code)."""
+        return []
 
     @abstractmethod
     def requests(self, plan: Plan) -> list[Request]:
@@ -124,8 +126,10 @@ class Backend(ABC):
         """What the backend itself knows of each node (running, or ended how); {} when it cannot tell."""
         return {}
 
-    def release(self, info: RunInfo) -> None:
-        """The run has ended (as `run` or `watch` saw it): free what the backend still keeps for it."""
+    def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
+        """The run has ended (as `run`, `watch` or `cancel` saw it): free what the backend still holds for
+        it, and with ``discard`` (``clean``) also what the run keeps on purpose; return what was freed."""
+        return []
 
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         """Force-stop what is left after ``grace`` seconds (the cancel marker asked first); return what was forced."""

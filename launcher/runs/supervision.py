@@ -27,6 +27,7 @@ from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
 
 CONSOLE_PREFIX = "console"  # in the work dir: consoles of nodes that could not save their own logs
+CONSOLE_TAIL_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,19 @@ def recorded_fate(state_dir: str | os.PathLike, node: str) -> NodeFate | None:
         return None
 
 
+def console_tail(path: str | None, lines: int = 3) -> list[str]:
+    """The last non-empty lines a node printed, for a node that could not report them itself."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, Path(path).stat().st_size - CONSOLE_TAIL_BYTES))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
 def start_supervisor(module: str, state_dir: str, run_url: str, payload: Any) -> dict[str, Any]:
     """Start ``python -m module STATE_DIR RUN_URL`` in its own session, hand it ``payload`` on stdin
     (so that secrets in env values never touch the disk) and return the JSON line it answers once
@@ -136,9 +150,10 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
     # Its console holds every line it printed, also those of its last seconds that never reached a log chunk.
     run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
     cancelled = CANCEL in run.list(CONTROL_PREFIX)
+    details = {"console_log": console_log, "last_output": console_tail(console_log)}
     status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
                    "reason": reason, "ended_at": time.time() if at is None else at, "updated_at": time.time(),
-                   "reported_by": "supervisor"})
+                   "reported_by": "supervisor", **details})
     run.put(status_key(name), json.dumps(status).encode())
     if not cancelled:
-        record_failure(run, name, status.get("rank"), exit_code, reason, at=at)
+        record_failure(run, name, status.get("rank"), exit_code, reason, details, at=at)

@@ -12,7 +12,6 @@ import functools
 import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from launcher.backends.base import Backend, NodeFate
@@ -21,9 +20,7 @@ from launcher.node.rendezvous import DECISION_KEY
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
 from launcher.runs.state import RunInfo
-
-CONSOLE_TAIL_BYTES = 4096
-
+from launcher.runs.supervision import console_tail
 
 @dataclass
 class RunView:
@@ -95,19 +92,6 @@ class RunView:
         """The first node that failed on its own (not stopped because of another), or was lost."""
         causes = self.failures + list(self.lost.values())
         return min(causes, key=lambda f: f.get("at", 0)) if causes else None
-
-
-def console_tail(path: str | None, lines: int = 3) -> list[str]:
-    """The last non-empty lines a node printed, for a node that could not report them itself."""
-    if not path:
-        return []
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, Path(path).stat().st_size - CONSOLE_TAIL_BYTES))
-            text = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
 def open_run(info: RunInfo) -> WorkDir:

@@ -8,13 +8,15 @@ Docker SDK is imported only by the verbs that talk to the engine.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
-from launcher.backends.docker.containers import (CONTAINER_WORK_DIR, DEFAULT_WORK_DIR, container_specs,
-                                                 infra_of, network_name)
+from launcher.backends.docker.containers import (CONTAINER_WORK_DIR, DEFAULT_WORK_DIR, NODE_LABEL,
+                                                 container_specs, infra_of, network_name, network_options,
+                                                 unreachable_s3_endpoint)
 from launcher.errors import BackendError, BadInput
 from launcher.gpus import node_gpu_shares
 from launcher.plan import Plan
@@ -22,6 +24,9 @@ from launcher.runs.state import RunInfo
 from launcher.runs.supervision import ProcessRef
 from launcher.spec.model import Spec
 from launcher.workdirs import resolve_local, scheme
+
+
+SUPERVISOR_CLEANUP_SECONDS = 30  # for a supervisor to save the last consoles and remove the containers
 
 
 class DockerBackend(Backend):
@@ -41,12 +46,6 @@ class DockerBackend(Backend):
             return resolve_local(plan.spec.cluster.work_dir or DEFAULT_WORK_DIR, plan.spec.base_dir)
         return plan.work_dir
 
-    def built_image(self, spec: Spec) -> str | None:
-        from launcher.image import records
-
-        record = records.load(spec.source)  # the engine that built it has it by tag
-        return record.tag if record else None
-
     def node_env_extra(self, spec: Spec) -> dict[str, str]:
         # On the engine machine's network every node is on this one machine; on the run's own
         # network each node advertises its address there (the default route's source address).
@@ -57,16 +56,32 @@ class DockerBackend(Backend):
         return None, [note] if note else []
 
     def requests(self, plan: Plan) -> list[Request]:
+        """The engine calls in order: the run's network (unless on the host's), then one container per node
+        (created, then started)."""
         shares, _ = node_gpu_shares(plan.spec)
-        return [Request("containers.run", spec["name"], spec) for spec in container_specs(plan, shares)]
+        network = [] if infra_of(plan.spec).network == "host" else [
+            Request("networks.create", network_name(plan.run_id), network_options(plan.run_id))]
+        return network + [Request("containers.create", spec["name"], spec) for spec in container_specs(plan, shares)]
 
-    def check(self, dryrun: DryRun) -> None:
+    def plan(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> tuple[Plan, list[str]]:
+        plan, notes = super().plan(spec, run_id=run_id, resume_from=resume_from)
+        if self.keep:
+            notes.append(f"--keep: the containers stay after the run; remove them with: launcher clean {plan.run_id}")
+        return plan, notes
+
+    def check(self, dryrun: DryRun) -> list[str]:
         from launcher.dockerengine import connect
+        from launcher.image.identity import stale_note
 
+        problem = unreachable_s3_endpoint(dryrun.plan, os.environ)
+        if problem:
+            raise BadInput(problem)
         client = connect()
         built = dryrun.plan.image.tag if dryrun.plan.image else None
         for image in sorted({node.image for node in dryrun.plan.nodes}):
             _require_image(client, image, built=image == built)
+        stale = stale_note(dryrun.plan.spec) if built in {node.image for node in dryrun.plan.nodes} else None
+        return [stale] if stale else []
 
     def schedule(self, dryrun: DryRun, state_dir: str) -> dict[str, Any]:
         from launcher.backends.docker.launch import create_run
@@ -76,7 +91,7 @@ class DockerBackend(Backend):
         client = connect()
         plan = dryrun.plan
         since = time.time()
-        containers = create_run(client, plan.run_id, [request.body for request in dryrun.requests])
+        containers = create_run(client, plan.run_id, dryrun.requests)
         order = {"run_id": plan.run_id, "containers": containers, "keep": self.keep, "since": since}
         supervisor = start_supervisor("launcher.backends.docker.supervisor", state_dir,
                                       f"{self.client_work_dir(plan).rstrip('/')}/{plan.run_id}", order)
@@ -91,41 +106,69 @@ class DockerBackend(Backend):
         if len(fates) == len(info.nodes) or (supervisor is not None and supervisor.running()):
             return fates | {name: NodeFate(True) for name in info.backend_ids.get("containers", {})
                             if name not in fates}
-        return fates | self._engine_fates(info, exclude=set(fates))
+        return fates | self._take_over(info, exclude=set(fates))
 
-    def _engine_fates(self, info: RunInfo, exclude: set[str]) -> dict[str, NodeFate]:
-        """With no supervisor left to tell: ask the engine about each node's container."""
+    def _take_over(self, info: RunInfo, exclude: set[str]) -> dict[str, NodeFate]:
+        """No supervisor watches the run (it died, or compose started the containers): do its duties.
+
+        A container that ended is recorded as its supervisor would have (console saved, failure
+        dated by the engine's FinishedAt); once every node has ended, the containers and network
+        go, unless the run keeps them (``--keep``, compose)."""
         import docker.errors
 
-        from launcher.backends.docker.launch import describe_exit
+        from launcher.backends.docker.launch import engine_end_time, remove_run, run_containers
+        from launcher.backends.docker.supervisor import node_ended
         from launcher.dockerengine import connect
+        from launcher.node.store import WorkDir
+        from launcher.runs.supervision import recorded_fate
 
         try:
             client = connect()
-        except BackendError:
+            containers = {c.labels.get(NODE_LABEL): c for c in run_containers(client, info.run_id)}
+        except (BackendError, docker.errors.DockerException):
             return {}
         fates = {}
-        for name, container_id in info.backend_ids.get("containers", {}).items():
+        for name in info.nodes:
             if name in exclude:
                 continue
-            try:
-                state = client.containers.get(container_id).attrs["State"]
-            except docker.errors.NotFound:
-                fates[name] = NodeFate(False, None, "node container is gone and no exit was recorded for it "
-                                       "(its supervisor was stopped too)")
-                continue
-            if state.get("Running"):
+            container = containers.get(name)
+            if container is None:
+                if name in info.backend_ids.get("containers", {}):
+                    fates[name] = NodeFate(False, None, "node container is gone and no exit was recorded for it "
+                                           "(its supervisor was stopped too)")
+                continue  # compose: not started yet
+            state = container.attrs["State"]
+            if state.get("Running") or state.get("Status") in ("created", "restarting"):
                 fates[name] = NodeFate(True)
-            else:
-                code = int(state.get("ExitCode", -1))
-                fates[name] = NodeFate(False, code, describe_exit(code, bool(state.get("OOMKilled"))))
+                continue
+            node_ended(client, WorkDir(info.run_url), info.state_dir, name, container.id,
+                       int(state.get("ExitCode", -1)), engine_end_time(state))
+            fates[name] = recorded_fate(info.state_dir, name) or NodeFate(False, int(state.get("ExitCode", -1)))
+        if all(not fate.running for fate in fates.values()) and len(fates) + len(exclude) == len(info.nodes) \
+                and not _keeps_containers(info):
+            remove_run(client, info.run_id)
         return fates
 
-    def stop(self, info: RunInfo, grace: float) -> list[str]:
-        from launcher.backends.docker.containers import NODE_LABEL
-        from launcher.backends.docker.launch import remove_run, run_containers
+    def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
+        """The run has ended: wait for its supervisor's clean-up, then remove what is left (kept
+        containers and compose's too when ``discard``); return the nodes whose containers were removed."""
+        from launcher.backends.docker.launch import remove_run
         from launcher.dockerengine import connect
         from launcher.runs.supervision import wait_for_exit
+
+        supervisor = _supervisor(info)
+        if supervisor is not None:
+            wait_for_exit([supervisor], SUPERVISOR_CLEANUP_SECONDS)
+        if _keeps_containers(info) and not discard:
+            return []
+        try:
+            return remove_run(connect(), info.run_id)
+        except BackendError:
+            return []
+
+    def stop(self, info: RunInfo, grace: float) -> list[str]:
+        from launcher.backends.docker.launch import run_containers
+        from launcher.dockerengine import connect
 
         client = connect()
         deadline = time.monotonic() + grace
@@ -133,12 +176,13 @@ class DockerBackend(Backend):
         for container in run_containers(client, info.run_id):
             if not _wait(container, deadline - time.monotonic()) and _kill(container):
                 forced.append(container.labels.get(NODE_LABEL, container.name))
-        supervisor = _supervisor(info)
-        if supervisor is not None:
-            wait_for_exit([supervisor], 30)
-        if (supervisor is None or not supervisor.running()) and not info.backend_ids.get("keep"):
-            remove_run(client, info.run_id)  # what a stopped supervisor could not remove
+        self.release(info)
         return sorted(forced)
+
+
+def _keeps_containers(info: RunInfo) -> bool:
+    """``run --keep`` runs and compose runs (``docker-compose down`` is theirs) keep their containers."""
+    return bool(info.backend_ids.get("keep") or info.backend_ids.get("compose"))
 
 
 def _require_image(client: Any, image: str, *, built: bool) -> None:
@@ -152,7 +196,7 @@ def _require_image(client: Any, image: str, *, built: bool) -> None:
         return
     except docker.errors.ImageNotFound:
         pass
-    if built:
+    if built and "@sha256:" not in image:  # a local build only; a pushed one is pulled by its digest
         raise BadInput(f'image {image} ("@image") has not been built yet on this engine; build it first with: '
                        "launcher build -f SPEC")
     try:

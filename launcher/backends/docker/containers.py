@@ -1,4 +1,4 @@
-"""The containers of a docker run, as docker-py ``containers.run`` arguments. Pure: no engine, no SDK.
+"""The containers of a docker run, as docker-py ``containers.create`` arguments. Pure: no engine, no SDK.
 
 The same values are printed by ``--dry-run``, sent by ``run`` and turned into services by
 ``launcher compose`` (:mod:`launcher.compose`).
@@ -6,8 +6,10 @@ The same values are printed by ``--dry-run``, sent by ``run`` and turned into se
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+from urllib.parse import urlparse
 
 from launcher.plan import Plan
 from launcher.spec.model import DockerInfra, Spec
@@ -17,8 +19,13 @@ CONTAINER_WORK_DIR = "/launcher/workdir"
 DEFAULT_WORK_DIR = "./work_dir"  # next to the spec, as in ADS's compose example
 RUN_LABEL = "launcher.run-id"
 NODE_LABEL = "launcher.node"
-# Read-only credential mounts, by work dir scheme; the node image runs as root.
+# Read-only credential mounts, by work dir scheme, made only where the directory exists; the image runs as root.
 CREDENTIALS = {"oci": ("~/.oci", "/root/.oci"), "s3": ("~/.aws", "/root/.aws")}
+# How this machine's S3 client is set up, passed on to the nodes of an s3:// work dir (botocore's and
+# fsspec's variables); a node's own env (the spec, --env) wins over them.
+S3_CLIENT_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
+                       "AWS_REGION", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+S3_ENDPOINT_VARIABLES = ("FSSPEC_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
 def infra_of(spec: Spec) -> DockerInfra:
@@ -28,6 +35,11 @@ def infra_of(spec: Spec) -> DockerInfra:
 def network_name(run_id: str) -> str:
     """The per-run bridge network: the nodes reach each other on it, and nothing else shares it."""
     return f"launcher-{run_id}"
+
+
+def network_options(run_id: str) -> dict[str, Any]:
+    """docker-py's ``networks.create`` arguments for the run's network."""
+    return {"name": network_name(run_id), "driver": "bridge", "labels": {RUN_LABEL: run_id}}
 
 
 def hostname(node: str) -> str:
@@ -43,7 +55,7 @@ def mounts(plan: Plan) -> list[str]:
     if plan.work_dir == CONTAINER_WORK_DIR:
         result.append(f"{resolve_local(wanted, spec.base_dir)}:{CONTAINER_WORK_DIR}")
     credentials = CREDENTIALS.get(scheme(wanted))
-    if credentials:
+    if credentials and os.path.isdir(os.path.expanduser(credentials[0])):  # the engine would create it, as root
         result.append(f"{os.path.expanduser(credentials[0])}:{credentials[1]}:ro")
     for volume in infra_of(spec).volumes:
         source, _, rest = volume.partition(":")
@@ -53,34 +65,67 @@ def mounts(plan: Plan) -> list[str]:
     return result
 
 
+def s3_client_env(spec: Spec, environ: Mapping[str, str]) -> dict[str, str]:
+    """The S3 client settings of this machine that nodes of an s3:// work dir get (empty for other work dirs)."""
+    if scheme(spec.cluster.work_dir or DEFAULT_WORK_DIR) != "s3":
+        return {}
+    return {name: value for name, value in environ.items()
+            if name in S3_CLIENT_VARIABLES or name.startswith("FSSPEC_S3_")}
+
+
+def unreachable_s3_endpoint(plan: Plan, environ: Mapping[str, str]) -> str | None:
+    """Why the nodes could not reach the S3 endpoint: a loopback address seen from the run's own network."""
+    if infra_of(plan.spec).network == "host" or not plan.nodes:
+        return None
+    env = {**s3_client_env(plan.spec, environ), **plan.nodes[0].env}
+    endpoint = next((env[name] for name in S3_ENDPOINT_VARIABLES if env.get(name)), None)
+    host = urlparse(endpoint).hostname if endpoint else None
+    if host is None or not _is_loopback(host):
+        return None
+    return (f"the S3 endpoint {endpoint} is a loopback address of this machine: containers on the run's own "
+            "network cannot reach it. Run the nodes on this machine's network (infrastructure spec "
+            "`network: host`, or --set spec.infrastructure.spec.network=host), or give an endpoint they can reach")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def gpu_request(devices: str) -> dict[str, Any]:
     """A device request for these host GPU ids (the engine's nvidia runtime renumbers them from 0 inside)."""
     return {"Driver": "nvidia", "DeviceIDs": devices.split(","), "Capabilities": [["gpu"]]}
 
 
-def container_specs(plan: Plan, gpu_shares: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Keyword arguments for docker-py's ``containers.run``, one per node.
+def container_specs(plan: Plan, gpu_shares: Sequence[str] | None = None,
+                    environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Keyword arguments for docker-py's ``containers.create``, one per node.
 
     ``gpu_shares``: host GPU ids per node ("0,1"; "" for none), from :func:`launcher.gpus.node_gpu_shares`.
+    ``environ``: this machine's environment, for the S3 client settings (default ``os.environ``).
     """
     infra = infra_of(plan.spec)
     volumes = mounts(plan)
+    s3_env = s3_client_env(plan.spec, os.environ if environ is None else environ)
     specs = []
     for index, node in enumerate(plan.nodes):
         spec: dict[str, Any] = {
             "name": f"{plan.run_id}-{node.name}",
-            "hostname": hostname(node.name),
             "image": node.image,
             "command": list(node.command),
-            "environment": dict(node.env),
+            "environment": {**s3_env, **node.env},
             "volumes": volumes,
             "labels": {RUN_LABEL: plan.run_id, NODE_LABEL: node.name},
             "init": True,  # an init process reaps torchrun's children and passes signals on
-            "detach": True,
         }
-        if infra.network == "host":
+        if infra.network == "host":  # the host's own name: on the host network a node name would not resolve
             spec["network_mode"] = "host"
         else:
+            spec["hostname"] = hostname(node.name)
             spec["network"] = network_name(plan.run_id)
         if infra.shm_size:
             spec["shm_size"] = infra.shm_size

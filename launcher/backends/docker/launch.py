@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from datetime import datetime, timezone
 from typing import Any, Sequence
 
-from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL, network_name
+from launcher.backends.base import Request
+from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL
 from launcher.dockerengine import api_error_text
 from launcher.errors import BackendError
 from launcher.node.exits import killed_by
@@ -19,26 +22,29 @@ def describe_exit(exit_code: int, oom_killed: bool) -> str:
     return f"node container exited with status {exit_code} without reporting"
 
 
-def create_run(client: Any, run_id: str, specs: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """Create the run's network (when it has one) and start one container per spec; node -> container id.
+def create_run(client: Any, run_id: str, requests: Sequence[Request]) -> dict[str, str]:
+    """Make the calls the dry-run lists (``networks.create``, ``containers.create``), then start the containers;
+    return node -> container id.
 
     All or nothing: when the engine refuses any of it, what was created is removed again.
     """
     import docker.errors
 
     created: list[Any] = []
+    target = "?"
     try:
-        if any("network" in spec for spec in specs):
-            client.networks.create(network_name(run_id), driver="bridge", labels={RUN_LABEL: run_id})
-        for spec in specs:
-            options = {key: value for key, value in spec.items() if key != "detach"}
-            created.append(client.containers.create(**options))
+        for request in requests:
+            target = request.target
+            if request.operation == "networks.create":
+                client.networks.create(**request.body)
+            else:
+                created.append(client.containers.create(**request.body))
         for container in created:
+            target = container.name
             container.start()
     except docker.errors.DockerException as exc:
-        node = specs[len(created)]["labels"][NODE_LABEL] if len(created) < len(specs) else "?"
         remove_run(client, run_id)
-        raise BackendError(f"the Docker engine refused the run (at node {node}): "
+        raise BackendError(f"the Docker engine refused the run (at {target}): "
                            f"{api_error_text(exc)}; nothing is left running") from None
     return {container.labels[NODE_LABEL]: container.id for container in created}
 
@@ -48,19 +54,31 @@ def run_containers(client: Any, run_id: str) -> list[Any]:
 
 
 def remove_run(client: Any, run_id: str) -> list[str]:
-    """Remove the run's containers (forcibly) and its network; return the nodes whose containers were removed."""
+    """Remove the run's containers (forcibly) and its network; return what was removed, as the user would name it."""
     import docker.errors
 
     removed = []
     for container in run_containers(client, run_id):
         try:
             container.remove(force=True)
-            removed.append(container.labels.get(NODE_LABEL, container.name))
+            removed.append(f"container {container.name}")
         except docker.errors.NotFound:
             continue
     for network in client.networks.list(filters={"label": f"{RUN_LABEL}={run_id}"}):
         try:
             network.remove()
+            removed.append(f"network {network.name}")
         except docker.errors.NotFound:
             continue
     return removed
+
+
+def engine_end_time(state: dict[str, Any]) -> float:
+    """When the engine saw the container end (``State.FinishedAt``, RFC 3339 with nanoseconds), as a Unix time."""
+    finished = str(state.get("FinishedAt") or "")
+    stamp, _, fraction = finished.rstrip("Z").partition(".")
+    try:
+        whole = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return time.time()
+    return whole + (float(f"0.{fraction[:9]}") if fraction.isdigit() else 0.0)

@@ -87,7 +87,7 @@ def main(state_dir: str, run_url: str) -> int:
         events.close()
     if not order.get("keep"):
         removed = remove_run(client, order["run_id"])
-        print(f"removed {len(removed)} containers and the run's network", file=sys.stderr, flush=True)
+        print(f"removed {', '.join(removed) or 'nothing (already gone)'}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -82,12 +82,13 @@ class LocalBackend(Backend):
         return capacity_problem(spec.cluster.node_count, spec.cluster.processes_per_node or 1,
                                 cpus=os.cpu_count() or 1, available_mib=_available_mib())
 
-    def check(self, dryrun: DryRun) -> None:
+    def check(self, dryrun: DryRun) -> list[str]:
         problem = self._capacity(dryrun.plan.spec)
         if problem:
             raise BadInput(f"{problem}; use fewer nodes or processes, or another backend")
         if dryrun.plan.spec.warnings:  # local nodes run the code directory as it is: this would fail on every node
             raise BadInput("\n".join(dryrun.plan.spec.warnings))
+        return []
 
     def schedule(self, dryrun: DryRun, state_dir: str) -> dict[str, Any]:
         from launcher.backends.local.processes import start

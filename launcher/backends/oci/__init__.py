@@ -66,10 +66,11 @@ class OciBackend(Backend):
                             "REGION.ocir.io/NAMESPACE/REPO:TAG --push")
         return problems
 
-    def check(self, dryrun: DryRun) -> None:
+    def check(self, dryrun: DryRun) -> list[str]:
         problems = self._problems(dryrun)
         if problems:
             raise BadInput("\n".join(problems))
+        return []
 
     def schedule(self, dryrun: DryRun, state_dir: str) -> dict[str, Any]:
         from launcher.backends.oci import service
@@ -136,7 +137,7 @@ class OciBackend(Backend):
             return ()
         return tuple(line for line in lines if line.strip())[-20:]
 
-    def release(self, info: RunInfo) -> None:
+    def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
         """With ``deleteJob: true``: delete the job (and its runs) once the run is seen to end."""
         from launcher.backends.oci import service
         from launcher.errors import LauncherError
@@ -144,14 +145,16 @@ class OciBackend(Backend):
 
         ids = info.backend_ids
         if not ids.get("delete_job") or not ids.get("job") or ids.get("job_deleted"):
-            return
+            return []
         try:
             outcome = service.cleanup(service.data_science(ids.get("endpoints") or {}), ids["job"], [])
         except LauncherError:  # no credentials here: the job stays, and a later watch or cancel tries again
-            return
-        if not outcome.startswith("could not"):
-            ids["job_deleted"] = True
-            state.save(info)
+            return []
+        if outcome.startswith("could not"):
+            return []
+        ids["job_deleted"] = True
+        state.save(info)
+        return [f"job {ids['job']}"]
 
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         from launcher.backends.oci import service
