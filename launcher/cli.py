@@ -50,11 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-from", metavar="RUN", help="restore the outputs (checkpoints) of an earlier run first")
     p.add_argument("--run-id", help="use this run id instead of a new one (it must not have been used before)")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
-                   help="override any spec field, e.g. --set spec.cluster.spec.worker.replicas=3 (repeatable)")
+                   help="override any spec field (the value is YAML), e.g. --set spec.cluster.spec.worker.replicas=3;"
+                   " list items by number: env[0].value or env.0.value (repeatable)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="add or replace an environment variable of every node (repeatable)")
     p.add_argument("--nodes", type=_positive_int, metavar="N", help="total number of nodes (main + workers)")
-    p.epilog = "Arguments after -- replace the spec's runtime args: launcher run -f train.yaml -- --epochs 3"
+    p.epilog = ("Arguments after -- replace the spec's runtime args and kwargs: "
+                "launcher run -f train.yaml -- --epochs 3")
     p.set_defaults(handler=_run)
 
     p = verbs.add_parser("build", help="build the node image (\"@image\" in the spec) with the Docker engine")

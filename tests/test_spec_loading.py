@@ -11,6 +11,7 @@ import pytest
 from conftest import SEED_004, SPECS, run_cli
 from launcher.errors import BadInput, SpecError
 from launcher.spec import load_spec
+from launcher.spec.conforms import Unsure, conforms
 from launcher.spec.schema import load_schema
 
 VALID = """\
@@ -204,3 +205,44 @@ def test_docker_volumes_shm_size_and_network_are_checked(tmp_path):
     good = write(tmp_path, docker.replace("'bad', ", "").replace(", 'x:relative'", "").replace("banana", "2g")
                  .replace("hots", "host"), "good.yaml")
     assert load_spec(good).infra.volumes == ("./data:/data:ro", "cache:/root/.cache")
+
+
+def test_validate_reports_schema_and_cross_field_problems_in_one_pass(tmp_path):
+    text = (VALID.replace("    type: local\n", "    type: dataScienceJob\n    spec:\n      projectId: p\n"
+                          "      compartmentId: c\n      shapeName: VM.Standard.E4.Flex\n      logId: ''\n")
+            .replace("      main:\n", "      maxRuntime: 40d\n      hangTimeout: 5x\n      main:\n        name: w-0\n")
+            .replace("        replicas: 2", "        name: w\n        replicas: 2\n        replica: 3")
+            .replace("entryPoint: train.py", "entryPoint: train.py\n      module: pkg.train"))
+    path = write(tmp_path, text)
+    done = run_cli("validate", "-f", str(path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"{path}:10:18: spec.infrastructure.spec.shapeName: VM.Standard.E4.Flex is a flexible shape: set "
+        "shapeConfigDetails (ocpus and memoryInGBs) for it",
+        f"{path}:11:14: spec.infrastructure.spec.logId: must be a non-empty string (got '')",
+        f"{path}:16:19: spec.cluster.spec.maxRuntime: must be at most 30 days (got '40d')",
+        f"{path}:17:20: spec.cluster.spec.hangTimeout: must be a duration: seconds (3600) or a number with s, m, h "
+        "or d (90m, 2h), at most 30 days (got '5x')",
+        f"{path}:22:15: spec.cluster.spec.worker.name: main group 'w-0' and worker group 'w' give more than one "
+        "node the name 'w-0'; choose other group names",
+        f"{path}:24:9: spec.cluster.spec.worker.replica: unknown key 'replica'; did you mean 'replicas'?",
+        f"{path}:29:15: spec.runtime.spec.module: use either entryPoint (a file) or module (python -m), not both"]
+
+
+@pytest.mark.parametrize("change, problem", [
+    (("{minNodes: 3, maxNodes: 3}", "{minNodes: 2}"), "spec.cluster.spec.elastic: missing required key 'maxNodes'"),
+    (("replicas: 2", "replicas: two"), "spec.cluster.spec.worker.replicas: must be an integer"),
+    (("worker:\n        replicas: 2", "worker: [2]"), "spec.cluster.spec.worker: must be a mapping"),
+])
+def test_a_cross_field_rule_skips_values_the_schema_refused(tmp_path, change, problem):
+    elastic = VALID.replace("      workDir: ./wd\n", "      workDir: ./wd\n      elastic: {minNodes: 3, maxNodes: 3}\n")
+    [reported] = problems_of(write(tmp_path, elastic.replace(*change)))
+    assert problem in reported
+
+
+def test_the_quick_schema_check_compares_as_jsonschema_and_is_unsure_of_keywords_it_does_not_evaluate():
+    assert conforms({"a": 1}, {"type": "object", "properties": {"a": {"type": "integer"}}}) is True
+    assert [conforms(value, {"enum": [1, [0]]}) for value in (1.0, True, [0.0], [False])] == [True, False, True, False]
+    for schema in ({"uniqueItems": True}, {"additionalProperties": False, "patternProperties": {"^a": {}}}):
+        with pytest.raises(Unsure):
+            conforms({"a": 1}, schema)

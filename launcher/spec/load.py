@@ -34,10 +34,10 @@ def spec_from_located(located: yamlsafe.Located, label: str, source: Path | None
         raise SpecError([f"{label}:1:1: the top level must be a mapping with kind, apiVersion and spec"])
     changed = apply_overrides(located.data, overrides) if overrides else {}
     problems = schema.check(located.data)
+    problems += model.problems(located.data, (problem.path for problem in problems))
     if not problems:
-        spec, problems = model.build(located.data, source)
-        if not problems:
-            return dataclasses.replace(spec, overrides=tuple(overrides.as_options())) if overrides else spec
+        spec = model.build(located.data, source)
+        return dataclasses.replace(spec, overrides=tuple(overrides.as_options(spec.data))) if overrides else spec
     lines = []
     for problem in problems:
         option = option_for(problem.path, changed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import itertools
 import json
@@ -11,7 +12,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from launcher import node_names
 from launcher.spec.schema import Problem
@@ -165,37 +166,143 @@ def digest(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def build(data: dict, source: Path | None = None) -> tuple[Spec, list[Problem]]:
-    """Turn schema-valid data into a :class:`Spec`; return cross-field problems the schema cannot express."""
+DataPath = tuple  # keys and list indexes into the spec data
+CLUSTER: DataPath = ("spec", "cluster", "spec")
+RUNTIME: DataPath = ("spec", "runtime", "spec")
+INFRA: DataPath = ("spec", "infrastructure")
+_GROUP_READS = (("spec", "name"), CLUSTER + ("name",), CLUSTER + ("main", "name"), CLUSTER + ("main", "replicas"),
+                CLUSTER + ("worker", "name"), CLUSTER + ("worker", "replicas"))
+Rule = Callable[[dict], list[Problem]]
+_RULES: list[tuple[tuple[DataPath, ...], Rule]] = []
+
+
+def problems(data: dict, invalid: Iterable[DataPath]) -> list[Problem]:
+    """The cross-field problems the schema cannot express, also in data the schema refused.
+
+    ``invalid`` holds the paths of the schema's problems; a rule runs when every value it reads is
+    absent or passed the schema, so ``validate`` reports both kinds in one pass.
+    """
+    invalid = tuple(invalid)
+    found: list[Problem] = []
+    for reads, rule in _RULES:
+        if all(_intact(data, path, invalid) for path in reads):
+            found += rule(data)
+    return found
+
+
+def _rule(*reads: DataPath) -> Callable[[Rule], Rule]:
+    """Register a cross-field rule with the paths of the values it reads."""
+    def register(rule: Rule) -> Rule:
+        _RULES.append((reads, rule))
+        return rule
+    return register
+
+
+def _intact(data: dict, path: DataPath, invalid: tuple[DataPath, ...]) -> bool:
+    """Whether the value at ``path`` is absent or passed the schema, with mappings all the way to it."""
+    if any(bad[:len(path)] == path for bad in invalid):
+        return False
+    node: Any = data
+    for part in path[:-1]:
+        if part not in node:
+            return True
+        node = node[part]
+        if not isinstance(node, dict):
+            return False
+    return True
+
+
+def _at(data: dict, path: DataPath) -> Any:
+    """The value at ``path`` in data whose rule reads are intact; None when absent."""
+    node: Any = data
+    for part in path:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _job_name(data: dict) -> str:
+    return _at(data, ("spec", "name")) or _at(data, CLUSTER + ("name",)) or DEFAULT_NAME
+
+
+def _groups(data: dict) -> tuple[NodeGroup, NodeGroup]:
+    name = _job_name(data)
+    return (_group(_at(data, CLUSTER + ("main",)) or {}, f"{name}-main", 1),
+            _group(_at(data, CLUSTER + ("worker",)) or {}, f"{name}-worker", 0))
+
+
+@_rule(*_GROUP_READS)
+def _node_name_clash(data: dict) -> list[Problem]:
+    main, worker = _groups(data)
+    clash = node_names.duplicates(node_names.expand([(main.name, main.replicas), (worker.name, worker.replicas)]))
+    if not clash:
+        return []
+    return [Problem(CLUSTER + ("worker", "name"), f"main group '{main.name}' and worker group '{worker.name}' give "
+                    f"more than one node the name {', '.join(repr(n) for n in clash[:3])}; choose other group names")]
+
+
+@_rule(CLUSTER + ("elastic",), *_GROUP_READS)
+def _elastic_bounds(data: dict) -> list[Problem]:
+    elastic = _at(data, CLUSTER + ("elastic",))
+    total = sum(group.replicas for group in _groups(data))
+    if elastic is None or elastic["minNodes"] <= total <= elastic["maxNodes"]:
+        return []
+    return [Problem(CLUSTER + ("elastic",), f"the cluster starts {total} nodes (main + worker replicas), which must "
+                    f"lie within minNodes..maxNodes ({elastic['minNodes']}..{elastic['maxNodes']})")]
+
+
+def _duration_limit(key: str, data: dict) -> list[Problem]:
+    value = _at(data, CLUSTER + (key,))
+    if value is None or parse_duration(value) <= MAX_DURATION_SECONDS:
+        return []
+    return [Problem(CLUSTER + (key,), f"must be at most 30 days (got {value!r})")]
+
+
+_rule(CLUSTER + ("maxRuntime",))(functools.partial(_duration_limit, "maxRuntime"))
+_rule(CLUSTER + ("hangTimeout",))(functools.partial(_duration_limit, "hangTimeout"))
+
+
+@_rule(RUNTIME + ("module",), RUNTIME + ("entryPoint",))
+def _module_or_entry_point(data: dict) -> list[Problem]:
+    runtime = _at(data, RUNTIME) or {}
+    if "module" in runtime and "entryPoint" in runtime:
+        return [Problem(RUNTIME + ("module",), "use either entryPoint (a file) or module (python -m), not both")]
+    return []
+
+
+@_rule(INFRA + ("type",), *(INFRA + ("spec", key) for key in ("shapeName", "shapeConfigDetails", "launchMode",
+                                                               "subnetId")), *_GROUP_READS)
+def _oci_problems(data: dict) -> list[Problem]:
+    """What OCI Data Science would refuse, or let fail, minutes after submission."""
+    if _at(data, INFRA + ("type",)) != "dataScienceJob":
+        return []
+    spec = _at(data, INFRA + ("spec",)) or {}
+    shape = spec.get("shapeName") or ""
+    nodes = sum(group.replicas for group in _groups(data))
+    path = INFRA + ("spec",)
+    found = []
+    if shape.endswith(".Flex") and not spec.get("shapeConfigDetails"):
+        found.append(Problem(path + ("shapeName",), f"{shape} is a flexible shape: set shapeConfigDetails "
+                             "(ocpus and memoryInGBs) for it"))
+    if spec.get("launchMode") == "perNode" and nodes > 1 and not spec.get("subnetId"):
+        found.append(Problem(path + ("launchMode",), f"perNode runs {nodes} separate job runs, which reach "
+                             "each other only on a subnet of yours: set subnetId (a subnet that allows traffic "
+                             "between its hosts), or use launchMode: native"))
+    return found
+
+
+def build(data: dict, source: Path | None = None) -> Spec:
+    """Turn data that passed the schema and :func:`problems` into a :class:`Spec`."""
     top = data["spec"]
     infra_data = top["infrastructure"]
     cluster_data = top["cluster"]["spec"]
     runtime_data = top["runtime"]["spec"]
     infra_spec = infra_data.get("spec") or {}
-    name = top.get("name") or cluster_data.get("name") or DEFAULT_NAME
-
-    problems: list[Problem] = []
+    name = _job_name(data)
     config = cluster_data.get("config") or {}
-    main_data = cluster_data.get("main") or {}
-    worker_data = cluster_data.get("worker") or {}
-    main = _group(main_data, f"{name}-main", 1)
-    worker = _group(worker_data, f"{name}-worker", 0)
-    clash = node_names.duplicates(node_names.expand([(main.name, main.replicas), (worker.name, worker.replicas)]))
-    if clash:
-        problems.append(Problem(("spec", "cluster", "spec", "worker", "name"),
-                                f"main group '{main.name}' and worker group '{worker.name}' give more than one node "
-                                f"the name {', '.join(repr(n) for n in clash[:3])}; choose other group names"))
-
-    elastic = None
-    if "elastic" in cluster_data:
-        e = cluster_data["elastic"]
-        elastic = Elastic(e["minNodes"], e["maxNodes"], e.get("maxRestarts", 0))
-        total = main.replicas + worker.replicas
-        if not elastic.min_nodes <= total <= elastic.max_nodes:
-            problems.append(Problem(("spec", "cluster", "spec", "elastic"),
-                                    f"the cluster starts {total} nodes (main + worker replicas), which must lie within "
-                                    f"minNodes..maxNodes ({elastic.min_nodes}..{elastic.max_nodes})"))
-
+    main, worker = _groups(data)
+    elastic_data = cluster_data.get("elastic")
+    elastic = Elastic(elastic_data["minNodes"], elastic_data["maxNodes"],
+                      elastic_data.get("maxRestarts", 0)) if elastic_data else None
     cluster = Cluster(
         image=cluster_data.get("image"),
         work_dir=cluster_data.get("workDir"),
@@ -210,12 +317,9 @@ def build(data: dict, source: Path | None = None) -> tuple[Spec, list[Problem]]:
         port=cluster_data.get("port", 0),
         outputs_dir=cluster_data.get("outputsDir"),
         outputs_sync_interval=cluster_data.get("outputsSyncInterval", DEFAULT_OUTPUTS_SYNC_INTERVAL),
-        max_runtime=_duration(cluster_data, "maxRuntime", problems),
-        hang_timeout=_duration(cluster_data, "hangTimeout", problems),
+        max_runtime=_seconds(cluster_data.get("maxRuntime")),
+        hang_timeout=_seconds(cluster_data.get("hangTimeout")),
     )
-    rt_path = ("spec", "runtime", "spec")
-    if "module" in runtime_data and "entryPoint" in runtime_data:
-        problems.append(Problem(rt_path + ("module",), "use either entryPoint (a file) or module (python -m), not both"))
     entry = runtime_data.get("module") or runtime_data["entryPoint"]
     kind = "module" if "module" in runtime_data else ("script" if entry.endswith(".py") else "executable")
     runtime = Runtime(
@@ -224,13 +328,10 @@ def build(data: dict, source: Path | None = None) -> tuple[Spec, list[Problem]]:
         env=_env(runtime_data.get("env")),
         kind=kind,
     )
-    if infra_data["type"] == "dataScienceJob":
-        problems += _oci_problems(infra_spec, main.replicas + worker.replicas)
     base_dir = source.parent if source else Path.cwd()
     warnings = tuple(entry_point_problems(runtime, base_dir))
-    spec = Spec(name=name, infra_type=infra_data["type"], infra=_infra(infra_data["type"], infra_spec, name),
+    return Spec(name=name, infra_type=infra_data["type"], infra=_infra(infra_data["type"], infra_spec, name),
                 cluster=cluster, runtime=runtime, source=source, digest=digest(data), warnings=warnings, data=data)
-    return spec, problems
 
 
 MAX_DURATION_SECONDS = 30 * 86400
@@ -245,13 +346,8 @@ def parse_duration(value: int | str) -> int:
     return max(1, round(float(text[:-1]) * _UNITS[text[-1]]))
 
 
-def _duration(data: dict, key: str, problems: list[Problem]) -> int | None:
-    if key not in data:
-        return None
-    seconds = parse_duration(data[key])
-    if seconds > MAX_DURATION_SECONDS:
-        problems.append(Problem(("spec", "cluster", "spec", key), f"must be at most 30 days (got {data[key]!r})"))
-    return seconds
+def _seconds(value: int | str | None) -> int | None:
+    return None if value is None else parse_duration(value)
 
 
 def entry_point_problems(runtime: Runtime, code_dir: Path) -> list[str]:
@@ -287,20 +383,6 @@ def _group(data: dict, default_name: str, default_replicas: int) -> NodeGroup:
         replicas=data.get("replicas", default_replicas),
         env=_env((data.get("config") or {}).get("env")),
     )
-
-
-def _oci_problems(spec: dict, nodes: int) -> list[Problem]:
-    """What OCI Data Science would refuse, or let fail, minutes after submission."""
-    path = ("spec", "infrastructure", "spec")
-    problems = []
-    if spec["shapeName"].endswith(".Flex") and not spec.get("shapeConfigDetails"):
-        problems.append(Problem(path + ("shapeName",), f"{spec['shapeName']} is a flexible shape: set "
-                                "shapeConfigDetails (ocpus and memoryInGBs) for it"))
-    if spec.get("launchMode") == "perNode" and nodes > 1 and not spec.get("subnetId"):
-        problems.append(Problem(path + ("launchMode",), f"perNode runs {nodes} separate job runs, which reach "
-                                "each other only on a subnet of yours: set subnetId (a subnet that allows traffic "
-                                "between its hosts), or use launchMode: native"))
-    return problems
 
 
 def _infra(kind: str, spec: dict, name: str) -> Infra:

@@ -6,13 +6,20 @@ the file; a problem in an overridden value is reported against the option, not a
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from launcher.errors import BadInput
-from launcher.secrets_mask import MASK, looks_secret, mask_argv
+from launcher.secrets_mask import MASK, looks_secret, mask, mask_argv
+from launcher.spec.model import CLUSTER, RUNTIME, DataPath
+from launcher.spec.schema import format_path
+from launcher.wording import plural
 
-Path = tuple
+_KEY = r"[^.\[\]]+"
+_PATH = re.compile(rf"{_KEY}(?:\[[0-9]+\])*(?:\.{_KEY}(?:\[[0-9]+\])*)*")
+_PART = re.compile(rf"({_KEY})|\[([0-9]+)\]")
+_INDEX = re.compile("[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -25,10 +32,12 @@ class Overrides:
     def __bool__(self) -> bool:
         return bool(self.sets or self.env or self.nodes is not None or self.args is not None)
 
-    def as_options(self) -> list[str]:
-        """The overrides as the user typed them, secret-looking values masked: for records and the dry-run."""
-        options = [f"--set {_masked(item, item.partition('=')[0].rsplit('.', 1)[-1])}" for item in self.sets]
-        options += [f"--env {_masked(item, item.partition('=')[0])}" for item in self.env]
+    def as_options(self, effective: dict) -> list[str]:
+        """The overrides as the user typed them, for records and the dry-run, with every value masked that
+        the masked ``effective`` spec hides (``--set ...env[0].value=X`` where that entry is DB_PASSWORD)."""
+        shown = mask(effective)
+        options = [f"--set {_masked_set(item, effective, shown)}" for item in self.sets]
+        options += [f"--env {_masked(item, looks_secret(item.partition('=')[0]))}" for item in self.env]
         if self.nodes is not None:
             options.append(f"--nodes {self.nodes}")
         if self.args is not None:
@@ -36,51 +45,96 @@ class Overrides:
         return options
 
 
-def _masked(item: str, name: str) -> str:
+def _masked(item: str, hide: bool) -> str:
     key, equals, value = item.partition("=")
-    return f"{key}={MASK}" if equals and value and looks_secret(name) else item
+    return f"{key}={MASK}" if equals and value and hide else item
 
 
-def apply(data: Any, overrides: Overrides) -> dict[Path, str]:
-    """Change ``data`` in place; return which paths each option set (for error messages)."""
+def _masked_set(item: str, effective: dict, shown: dict) -> str:
+    path = parse_path(item.partition("=")[0].strip())
+    return _masked(item, looks_secret(str(path[-1])) or _lookup(effective, path) != _lookup(shown, path))
+
+
+def _lookup(data: Any, path: DataPath) -> Any:
+    """The value at ``path``, or None where a later option removed it."""
+    for part in path:
+        try:
+            data = data[str(part) if isinstance(data, dict) else part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def apply(data: Any, overrides: Overrides) -> dict[DataPath, str]:
+    """Change ``data`` in place; return the option that set (or created) each path, for error messages."""
     if not isinstance(data, dict) or not overrides:
         return {}
-    changed: dict[Path, str] = {}
+    changed: dict[DataPath, str] = {}
     for item in overrides.sets:
-        dotted, equals, raw = item.partition("=")
-        if not equals or not dotted.strip():
-            raise BadInput(f"--set {item!r}: use --set path.to.field=value, e.g. "
-                           "--set spec.cluster.spec.worker.replicas=3")
-        path = tuple(int(part) if part.isdigit() else part for part in dotted.strip().split("."))
-        _put(data, path, _scalar(raw, f"--set {item}"), f"--set {item}")
-        changed[path] = f"--set {item}"
-    cluster: Path = ("spec", "cluster", "spec")
+        _apply_set(data, item, changed)
     for item in overrides.env:
-        name, equals, value = item.partition("=")
-        if not equals or not name:
-            raise BadInput(f"--env {item!r}: use --env NAME=VALUE")
-        config = _parent(data, cluster + ("config", "env"), f"--env {item}")
-        env = config.get("env") or []
-        if not isinstance(env, list):
-            raise BadInput(f"--env {item}: spec.cluster.spec.config.env in the file is not a list")
-        config["env"] = [entry for entry in env if not (isinstance(entry, dict) and entry.get("name") == name)]
-        config["env"].append({"name": name, "value": value})
-        changed[cluster + ("config", "env", len(config["env"]) - 1)] = f"--env {item}"
+        _apply_env(data, item, changed)
     if overrides.nodes is not None:  # the main group always has one node (the schema says so)
-        _put(data, cluster + ("worker", "replicas"), overrides.nodes - 1, f"--nodes {overrides.nodes}")
-        changed[cluster + ("worker", "replicas")] = f"--nodes {overrides.nodes} (main + workers)"
-    if overrides.args is not None:
-        _put(data, ("spec", "runtime", "spec", "args"), list(overrides.args), "-- ARGS")
-        changed[("spec", "runtime", "spec", "args")] = " ".join(["--", *mask_argv(list(overrides.args))])
-    return changed
+        _put(data, CLUSTER + ("worker", "replicas"), overrides.nodes - 1,
+             f"--nodes {overrides.nodes} (main + workers)", changed)
+    if overrides.args is not None:  # the command line replaces the spec's whole command line
+        runtime = _put(data, RUNTIME + ("args",), list(overrides.args),
+                       " ".join(["--", *mask_argv(list(overrides.args))]), changed)
+        runtime.pop("kwargs", None)
+    return {_as_text(path): option for path, option in changed.items()}
 
 
-def option_for(path: Path, changed: dict[Path, str]) -> str | None:
-    """The option that set ``path`` or one of its parents."""
+def parse_path(dotted: str) -> DataPath:
+    """``spec.runtime.spec.env[0].value`` or ``spec.runtime.spec.env.0.value`` -> (..., "env", 0, "value")."""
+    if not _PATH.fullmatch(dotted):
+        raise ValueError(dotted)
+    parts: list[str | int] = []
+    for key, index in _PART.findall(dotted):
+        number = index or (key if _INDEX.fullmatch(key) else "")
+        parts.append(int(number) if number else key)
+    return tuple(parts)
+
+
+def _apply_set(data: dict, item: str, changed: dict[DataPath, str]) -> None:
+    dotted, equals, raw = item.partition("=")
+    option = f"--set {item}"
+    if not equals or not dotted.strip():
+        raise BadInput(f"--set {item!r}: use --set path.to.field=value, e.g. "
+                       "--set spec.cluster.spec.worker.replicas=3")
+    try:
+        path = parse_path(dotted.strip())
+    except ValueError:
+        raise BadInput(f"{option}: '{dotted.strip()}' is not a path: join keys with '.' and pick list items by "
+                       "number, e.g. spec.runtime.spec.env[0].value (or env.0.value)") from None
+    _put(data, path, _scalar(raw, option), option, changed)
+
+
+def _apply_env(data: dict, item: str, changed: dict[DataPath, str]) -> None:
+    name, equals, value = item.partition("=")
+    option = f"--env {item}"
+    if not equals or not name:
+        raise BadInput(f"--env {item!r}: use --env NAME=VALUE")
+    config = _parent(data, CLUSTER + ("config", "env"), option, changed)
+    env = config.get("env") or []
+    if not isinstance(env, list):
+        raise BadInput(f"{option}: spec.cluster.spec.config.env in the file is not a list")
+    config["env"] = [entry for entry in env if not (isinstance(entry, dict) and entry.get("name") == name)]
+    config["env"].append({"name": name, "value": value})
+    changed[CLUSTER + ("config", "env", len(config["env"]) - 1)] = option
+
+
+def option_for(path: DataPath, changed: dict[DataPath, str]) -> str | None:
+    """The option that set ``path`` or one of its parents (in what :func:`apply` returned)."""
+    path = _as_text(path)
     for length in range(len(path), -1, -1):
         if path[:length] in changed:
             return changed[path[:length]]
     return None
+
+
+def _as_text(path: DataPath) -> DataPath:
+    """Paths compared as text: ``--set ...kwargs.1=x`` sets the mapping key '1', which the schema names so."""
+    return tuple(str(part) for part in path)
 
 
 def _scalar(raw: str, option: str) -> Any:
@@ -93,29 +147,41 @@ def _scalar(raw: str, option: str) -> Any:
             from None
 
 
-def _parent(data: dict, path: Path, option: str) -> Any:
-    """The mapping or list that holds ``path``'s last part; missing or empty mappings are created."""
+def _parent(data: dict, path: DataPath, option: str, changed: dict[DataPath, str]) -> Any:
+    """The mapping or list that holds ``path``'s last part; missing or empty mappings are created
+    and recorded as ``option``'s, so a problem inside them (an unknown key) is reported against it."""
     node: Any = data
     for index, part in enumerate(path[:-1]):
-        if isinstance(node, dict):
-            if node.get(part) is None:
-                node[part] = {}
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-            node = node[part]
-        else:
-            node = None
-        if not isinstance(node, (dict, list)):
-            where = ".".join(str(p) for p in path[:index + 1])
-            raise BadInput(f"{option}: {where} is not a mapping or list in the spec")
+        child = _child(node, part, path[:index], option)
+        if child is None and isinstance(node, dict):
+            child = node[str(part)] = {}
+            changed[path[:index + 1]] = option
+        if not isinstance(child, (dict, list)):
+            raise BadInput(f"{option}: {format_path(path[:index + 1])} is not a mapping or list in the spec")
+        node = child
     return node
 
 
-def _put(data: dict, path: Path, value: Any, option: str) -> None:
-    parent = _parent(data, path, option)
+def _child(node: dict | list, part: str | int, where: DataPath, option: str) -> Any:
+    """``node[part]``: None when a mapping lacks it; an error for a list item that is not there."""
+    if isinstance(node, dict):
+        return node.get(str(part))
+    if not isinstance(part, int):
+        raise BadInput(f"{option}: {format_path(where)} is a list: pick an item by number, "
+                       f"e.g. {format_path(where + (0,))}")
+    if part >= len(node):
+        raise BadInput(f"{option}: {format_path(where)} has {plural(len(node), 'item')}; there is no item [{part}]")
+    return node[part]
+
+
+def _put(data: dict, path: DataPath, value: Any, option: str, changed: dict[DataPath, str]) -> Any:
+    """Set ``path`` to ``value``; return the mapping or list that now holds it."""
+    parent = _parent(data, path, option, changed)
     last = path[-1]
-    if isinstance(parent, list) and not (isinstance(last, int) and last < len(parent)):
-        raise BadInput(f"{option}: no item {last!r} in {'.'.join(str(p) for p in path[:-1])}")
-    if isinstance(parent, dict) and not isinstance(last, str):
+    if isinstance(parent, list):
+        _child(parent, last, path[:-1], option)  # the item must exist: --set changes items, it adds none
+    else:
         last = str(last)
     parent[last] = value
+    changed[path] = option
+    return parent

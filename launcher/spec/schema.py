@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator
 
 from launcher.resources import data_dir
+from launcher.spec.conforms import TYPES, Unsure, conforms
 
 UNSUPPORTED_FRAMEWORKS = ("dask", "horovod", "tensorflow", "ray")
 SUPPORTED_FRAMEWORKS = ("pytorch",)
@@ -39,17 +39,13 @@ def load_schema() -> dict:
 
 
 @lru_cache(maxsize=1)
-def _validator() -> Any:
+def jsonschema_validator() -> Any:
     import jsonschema  # imported here: only validation needs it
 
-    # JSON Schema counts 1.0 as an integer and lets NaN pass every bound; a node cannot use either,
-    # so "integer" means a YAML integer here and "number" a finite one.
+    # JSON Schema counts 1.0 as an integer and lets NaN pass every bound: launcher's own types instead.
     base = jsonschema.Draft202012Validator
     checker = base.TYPE_CHECKER.redefine_many({
-        "integer": lambda _checker, value: isinstance(value, int) and not isinstance(value, bool),
-        "number": lambda _checker, value: (isinstance(value, int) and not isinstance(value, bool)
-                                           or isinstance(value, float) and math.isfinite(value)),
-    })
+        name: lambda _checker, value, test=TYPES[name]: test(value) for name in ("integer", "number")})
     strict = jsonschema.validators.extend(base, type_checker=checker)
     # The schema itself is checked against the metaschema by the test suite, not on every start (60 ms).
     return strict(load_schema())
@@ -60,10 +56,20 @@ def check(data: Any) -> list[Problem]:
     framework = _unsupported_framework(data)
     if framework:
         return [framework]
+    if _conforms(data):
+        return []
     problems: list[Problem] = []
-    for error in _validator().iter_errors(data):
+    for error in jsonschema_validator().iter_errors(data):
         problems.extend(_describe(error))
     return list(dict.fromkeys(problems))
+
+
+def _conforms(data: Any) -> bool:
+    """The quick check (no jsonschema import) for the common case, a valid spec."""
+    try:
+        return conforms(data, load_schema())
+    except Unsure:
+        return False
 
 
 def _unsupported_framework(data: Any) -> Problem | None:

@@ -23,6 +23,8 @@ from launcher.backends.local import capacity_problem
 from launcher.errors import BadInput, SpecError
 from launcher.runs import state
 from launcher.spec import load_spec
+from launcher.spec.conforms import conforms
+from launcher.spec.schema import jsonschema_validator, load_schema
 
 VALID = [yaml.safe_load(SEED_004.read_text()), yaml.safe_load((SPECS / "ads_docs_pytorch.yaml").read_text())]
 CASES = 3000  # per mutation family; each case is a real load from a file
@@ -93,6 +95,46 @@ def test_mutated_specs_load_or_fail_with_located_problems(tmp_path_factory, data
     except (yaml.YAMLError, ValueError, RecursionError):
         return
     _check_one(tmp_path_factory.mktemp("fuzz"), text)
+
+
+# Values that keep a spec valid, or break it in ways only some keywords see (reserved env names, patterns, bounds).
+near_miss_values = st.sampled_from([
+    "RANK", "LAUNCHER_X", "OK_NAME", "1BAD", "auto", "Auto", "90m", "2x", "s3://b/p", "http://x", "pytorch",
+    "PyTorch", "native", "perNode", "./wd", "", 0, 1, 2, 50, 49, 128, 129, 1023, 1024, True, False, None, 1.5,
+    ["--x", 1, True], {"env": [{"name": "A", "value": 1}]}, {"replicas": 1}, {"minNodes": 1, "maxNodes": 2}])
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_the_quick_schema_check_agrees_with_jsonschema(data):
+    """Valid specs skip jsonschema (launcher.spec.conforms): its yes must be jsonschema's, and so must its no."""
+    base = data.draw(st.sampled_from(VALID))
+    mutated = base
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(list(_paths(mutated))))
+        how = data.draw(st.sampled_from(["replace", "delete", "add"]))
+        value = data.draw(st.one_of(near_miss_values, junk_values))
+        mutated = _mutate(mutated, path, how, value, data.draw(st.sampled_from(["name", "spec", "replicas", "x"])))
+    assert conforms(mutated, load_schema()) == (not any(jsonschema_validator().iter_errors(mutated)))
+
+
+_ENV_NAME = ("spec", "cluster", "spec", "config", "env", 0, "name")
+_CLUSTER = ("spec", "cluster", "spec")
+
+
+@pytest.mark.parametrize("path, value", [
+    (_ENV_NAME, "RANK"), (_ENV_NAME, "LAUNCHER_X"), (_ENV_NAME, "RANKS"), (_ENV_NAME, "9X"),  # not, anyOf, pattern
+    (_CLUSTER + ("processesPerNode",), "auto"), (_CLUSTER + ("processesPerNode",), 1.0),  # anyOf with const
+    (_CLUSTER + ("processesPerNode",), True), (_CLUSTER + ("maxRuntime",), "90m"),
+    (_CLUSTER + ("worker", "replicas"), 1024), (_CLUSTER + ("main", "replicas"), 2),  # allOf beside properties
+    (("spec", "infrastructure", "spec"), None), (("spec", "infrastructure", "type"), "local"),  # if/then
+    (("spec", "infrastructure", "spec", "shapeConfigDetails"), {"ocpus": 0}),  # exclusiveMinimum
+    (("spec", "runtime", "spec", "kwargs"), {"lr": [1]}), (("spec", "runtime", "spec", "kwargs"), "--lr 1"),
+    (("spec", "runtime", "spec", "module"), "pkg.train"), (("kind",), "Distributed"), (_CLUSTER + ("workDir",), ""),
+])
+def test_the_quick_schema_check_agrees_with_jsonschema_at_each_keywords_edge(path, value):
+    mutated = _mutate(VALID[0], path, "replace", value, "")
+    assert conforms(mutated, load_schema()) == (not any(jsonschema_validator().iter_errors(mutated)))
 
 
 @settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))
