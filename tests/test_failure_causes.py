@@ -16,8 +16,10 @@ import re
 from dataclasses import dataclass, field
 
 import pytest
+import yaml
 
 from clirun import run_failing, run_id_from
+from cluster import write_spec
 from conftest import run_cli
 from launcher.node.cause import diagnose, from_stderr
 
@@ -245,3 +247,38 @@ def test_a_syntax_error_and_a_missing_module():
                                                          '/code/train.py:4: print("unclosed"')
     assert from_stderr(["/usr/bin/python3: No module named trainer"]) == ("No module named trainer", None)
     assert from_stderr(["some output", ""]) == (None, None)
+
+
+def test_torchrun_failing_itself_is_named_with_its_message(tmp_path, launcher_home):
+    """A fixed port that is taken: torchrun on the main cannot open its store; no training process ran."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        _, summary = run_failing(tmp_path, "print('never runs', flush=True)\n",
+                                 extra_cluster={"port": taken.getsockname()[1]})
+    assert "cause: torchrun: " in summary and "EADDRINUSE" in summary, summary
+
+
+def test_a_node_that_cannot_start_says_why(tmp_path, launcher_home):
+    """A broken PYTHONHOME in one group's env: the node process dies before it can report anything."""
+    spec = write_spec(tmp_path, "print('fine', flush=True)\n", nodes=2)
+    data = yaml.safe_load(spec.read_text())
+    data["spec"]["cluster"]["spec"]["worker"]["config"] = {"env": [{"name": "PYTHONHOME", "value": "/nowhere"}]}
+    spec.write_text(yaml.safe_dump(data))
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = done.stdout[done.stdout.rindex("\nrun "):]
+    assert "node t-worker-0 exited with status 1" in summary, summary
+    assert "without reporting: ModuleNotFoundError: No module named 'encodings'" in summary, summary
+    assert "its console log is" in summary
+
+
+def test_nodes_failing_on_their_own_are_also_failed_not_victims(tmp_path, launcher_home):
+    script = ("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+              "raise ValueError(f'bad config on rank {dist.get_rank()}')\n")
+    _, summary = run_failing(tmp_path, script)
+    assert re.search(r"cause: rank (0|1): ValueError: bad config on rank \1", summary), summary
+    assert re.search(r"also failed: node t-\S+ \(rank (0|1)\): rank \1: ValueError: bad config", summary), summary
+    assert "stopped because of it" not in summary

@@ -37,7 +37,7 @@ def test_run_trains_the_example_on_local_nodes(tmp_path, launcher_home, workers)
     watch = run_cli("watch", run_id)
     assert watch.returncode == 0
     config = run_cli("show-config", run_id).stdout
-    assert f"WORLD_SIZE:   {nodes} (1 processes per node)" in config
+    assert f"WORLD_SIZE:   {nodes} (1 process per node)" in config
     for name, node in status["nodes"].items():
         assert f"{node['rank']:>4}  {name}" in config
         assert re.search(rf"^\[{re.escape(name)}\s+r{node['rank']}\] ", watch.stdout, re.M), name

@@ -44,13 +44,16 @@ class Cause:
     exception: str | None = None  # "ValueError: boom"
     frame: str | None = None  # 'train.py:5 in main: raise ValueError("boom")'
     stderr_tail: list[str] = field(default_factory=list)
+    torchrun: bool = False  # torchrun itself failed (a busy port, ...): no training process ran
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def diagnose(report: Iterable[str], stderr_tails: Mapping[int, Sequence[str]]) -> Cause:
-    """This node's cause: torchrun's root cause, unless that rank only lost a peer and another raised."""
+    """This node's cause: torchrun's root cause, unless that rank only lost a peer and another raised; with no
+    failure report, torchrun's own error (it failed before or around its training processes)."""
+    report = list(report)
     failures = from_torchrun(report)
     for cause in failures:
         tail = list(stderr_tails.get(cause.local_rank, ())) if cause.local_rank is not None else []
@@ -59,7 +62,9 @@ def diagnose(report: Iterable[str], stderr_tails: Mapping[int, Sequence[str]]) -
             cause.exception, frame = from_stderr(tail)
             cause.frame = cause.frame or frame
     if not failures:
-        return Cause()
+        exception, frame = from_stderr(report)
+        return Cause(exception=exception, frame=frame, stderr_tail=report[-STDERR_TAIL_LINES:],
+                     torchrun=exception is not None)
     root = failures[0]
     if not lost_a_peer(root):
         return root
@@ -160,7 +165,8 @@ def _frame_text(path: str, line: str, function: str | None, code: str) -> str:
 
 def describe(cause: dict) -> str:
     """``rank 1: ValueError: boom (at train.py:5 in main)`` or ``rank 2 killed by SIGKILL``."""
-    who = f"rank {cause['rank']}" if cause.get("rank") is not None else "a training process"
+    who = (f"rank {cause['rank']}" if cause.get("rank") is not None
+           else "torchrun" if cause.get("torchrun") else "a training process")
     if cause.get("exception"):
         text = f"{who}: {cause['exception']}"
     elif cause.get("signal"):

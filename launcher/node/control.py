@@ -14,6 +14,7 @@ from launcher.node.store import WorkDir
 
 CONTROL_PREFIX = "control"
 CANCEL = "cancel"
+LIMIT = "limit"  # the run reached one of its own limits (maxRuntime): no node is the cause
 
 
 def node_label(node: str, rank: int | None) -> str:
@@ -29,6 +30,11 @@ def request_cancel(run: WorkDir, reason: str = "cancelled by user") -> None:
     run.put(f"{CONTROL_PREFIX}/{CANCEL}", json.dumps({"reason": reason, "at": time.time()}).encode())
 
 
+def record_limit(run: WorkDir, reason: str, node: str) -> None:
+    """The run reached a limit of its own: every node stops, failed, and no node is blamed. First writer wins."""
+    run.create(f"{CONTROL_PREFIX}/{LIMIT}", json.dumps({"reason": reason, "at": time.time(), "seen_by": node}).encode())
+
+
 def record_failure(run: WorkDir, node: str, rank: int | None, exit_code: int | None, reason: str,
                    details: dict | None = None, at: float | None = None) -> None:
     """The failure marker. ``at``: when the node failed, where someone else records it later (default: now)."""
@@ -41,6 +47,7 @@ def record_failure(run: WorkDir, node: str, rank: int | None, exit_code: int | N
 class StopRequest:
     state: str  # "failed" or "cancelled"
     reason: str
+    limit: bool = False  # the run reached its own limit (maxRuntime)
 
 
 class ControlWatch:
@@ -60,6 +67,9 @@ class ControlWatch:
         names = self.run.list(CONTROL_PREFIX)
         if CANCEL in names:
             return StopRequest("cancelled", "the run was cancelled")
+        if LIMIT in names:
+            limit = self.run.get_record(f"{CONTROL_PREFIX}/{LIMIT}")
+            return StopRequest("failed", f"stopped: {limit.get('reason', 'the run reached a limit')}", limit=True)
         for name in names:
             if name.startswith("failed.") and name != f"failed.{self.node}.json":
                 peer = self.run.get_record(f"{CONTROL_PREFIX}/{name}")

@@ -26,7 +26,7 @@ from launcher.gpus import accelerator_report, visible_gpus
 from launcher.node import outputs as outputs_mod
 from launcher.node.cause import Cause, diagnose, lost_a_peer
 from launcher.node.cause import describe as describe_cause
-from launcher.node.control import ControlWatch, StopRequest, record_failure
+from launcher.node.control import ControlWatch, StopRequest, record_failure, record_limit
 from launcher.node.exits import signal_name
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, own_address
@@ -47,7 +47,9 @@ EXIT_TIMED_OUT = 124  # maxRuntime or the hang watchdog, as timeout(1) reports i
 HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
 PEER_GRACE_SECONDS = 5.0  # how long a node whose ranks only lost a peer waits for that peer's failure marker
+HANG_PEER_GRACE_SECONDS = 10.0  # how long a hung node whose ranks all wait in collectives waits for the culprit's
 PEER_POLL_SECONDS = 0.5
+STACK_LINES_SHOWN = 12
 
 
 class TooFewGpus(Exception):
@@ -66,8 +68,9 @@ class Stopped(Exception):
 class _Ended:
     """How torchrun's run ended: its exit status, and whether this node stopped it (and why)."""
     code: int
-    own_failure: str | None = None  # maxRuntime or the hang watchdog: this node is the cause
+    own_failure: str | None = None  # the hang watchdog: this node is the cause
     stopped: bool = False  # stopped on request (a signal after training ended changes nothing)
+    limit: str | None = None  # the run's own limit (maxRuntime) was reached: no node is the cause
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class Node:
         self.torchrun_output: collections.deque[str] = collections.deque(maxlen=400)
         self.processes = 1
         self.started = time.monotonic()
+        self.stacks_dir = ""
+        self.ranks_ended = False  # every training process here ended well; torchrun waits for the other nodes
 
     def say(self, message: str) -> None:
         print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
@@ -133,7 +138,7 @@ class Node:
         address = own_address()
         port = settings.master_port or free_port(address)
         self.status.update(state="waiting", address=address, outputs_dir=settings.outputs_dir,
-                           processes=self.processes)
+                           outputs_temporary=settings.outputs_temporary, processes=self.processes)
         devices = plural(len(gpus), "GPU") if gpus else "no GPU"
         self.say(f"registering in {settings.run_url} as {address}:{port} ({plural(self.processes, 'training process')}, "
                  f"{devices}); waiting for {plural(len(settings.nodes), 'node')}")
@@ -186,10 +191,13 @@ class Node:
         settings = self.settings
         os.makedirs(settings.outputs_dir, exist_ok=True)
         log_dir = tempfile.mkdtemp(prefix=f"launcher-{settings.node}-torchrun-")
+        self.stacks_dir = os.path.join(log_dir, "stacks")
+        os.makedirs(self.stacks_dir)
         argv = torchrun_argv(decision, settings, self.processes, log_dir=log_dir,
                              wait_seconds=settings.rendezvous_timeout)
         self.say(f"starting: {shlex.join(argv)}")
-        self.proc = subprocess.Popen(argv, env=training_env(os.environ, decision, settings, self.processes),
+        self.proc = subprocess.Popen(argv, env=training_env(os.environ, decision, settings, self.processes,
+                                                            self.stacks_dir),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_die_with_parent())
         node_rank = decision.ranks.get(settings.node) if decision.mode == "static" else None
@@ -225,7 +233,12 @@ class Node:
         exited = _ExitEvent(self.proc.pid)
         try:
             while not exited.wait(0.5):  # wakes when torchrun exits, or after 0.5 s for the periodic duties
-                own_failure = self._limits(rank_logs, training_started)
+                if self._runtime_exceeded():
+                    limit = f"the run exceeded its maxRuntime ({settings.max_runtime:g}s)"
+                    self._record_limit(limit)
+                    self.say(f"stopping training: {limit}")
+                    return _Ended(self._terminate(), limit=limit)
+                own_failure = self._hang_check(rank_logs, training_started)
                 if own_failure:
                     self.say(f"stopping training: {own_failure}")
                     return _Ended(self._terminate(), own_failure=own_failure)
@@ -248,15 +261,22 @@ class Node:
         """How training ended for this node; reads the rank logs, so before they are deleted."""
         if ended.own_failure:
             return _Outcome("failed", ended.own_failure, EXIT_TIMED_OUT, mark_failed=True)
+        if ended.limit:
+            return _Outcome("failed", f"stopped: {ended.limit}", EXIT_TIMED_OUT)
         if ended.code == 0 and not ended.stopped:  # training ended on its own, successfully: a later SIGTERM
             return _Outcome("succeeded", None, 0)  # (compose stopping the others as one exits) changes nothing
         cause = diagnose(self.torchrun_output, rank_logs.stderr_tails)
-        # Did training fail because the run was cancelled or a peer failed first? Then that is the cause.
+        # Did training fail because the run was cancelled or a peer failed first? Then that is the cause; but a
+        # rank here that raised an error of its own (not a lost peer) failed on its own too: "also failed".
+        if not ended.stopped and cause.exception and not lost_a_peer(cause):
+            return _Outcome("failed", describe_cause(cause.to_dict()), cause.exit_code or ended.code,
+                            mark_failed=True, details={"cause": cause.to_dict()})
         self.stop_request = self.stop_request or self._peer_stop(cause)
         if self.stop_request:
-            cancelled = self.stop_request.state == "cancelled"
-            return _Outcome(self.stop_request.state, self.stop_request.reason,
-                            EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
+            request = self.stop_request
+            code = EXIT_CANCELLED if request.state == "cancelled" else EXIT_TIMED_OUT if request.limit \
+                else EXIT_PEER_FAILED
+            return _Outcome(request.state, request.reason, code)
         if ended.code == EXIT_NO_MAIN:
             reason = (f"the main node {decision.main} did not open {decision.master_addr}:{decision.master_port} "
                       f"within {self.settings.rendezvous_timeout:g}s")
@@ -264,32 +284,90 @@ class Node:
         return _Outcome("failed", describe_cause(cause.to_dict()), cause.exit_code or ended.code, mark_failed=True,
                         details={"cause": cause.to_dict()})
 
-    def _limits(self, rank_logs: RankLogs, training_started: float) -> str | None:
-        """Why this node must stop the run now: maxRuntime reached, or every training process silent."""
-        settings = self.settings
+    def _runtime_exceeded(self) -> bool:
+        max_runtime = self.settings.max_runtime
+        return bool(max_runtime) and time.monotonic() - self.started >= max_runtime
+
+    def _record_limit(self, limit: str) -> None:
+        try:
+            record_limit(self.run, limit, self.settings.node)
+        except StoreError as exc:  # the peers' own timers stop them as well
+            self.say(f"could not record the run's limit in the work dir: {exc}")
+
+    def _hang_check(self, rank_logs: RankLogs, training_started: float) -> str | None:
+        """When every training process here has been silent for hangTimeout: this node's failure, if a rank
+        here is what the others wait for (or no node says it is); None while it is not hung, or when a peer
+        named itself the cause (then ``stop_request`` is set)."""
+        timeout = self.settings.hang_timeout
         now = time.monotonic()
-        if settings.max_runtime and now - self.started >= settings.max_runtime:
-            return f"exceeded max runtime ({settings.max_runtime:g}s)"
-        if settings.hang_timeout:
-            silent = [local for local in range(self.processes)
-                      if now - rank_logs.last_output.get(local, training_started) >= settings.hang_timeout]
-            if len(silent) == self.processes:
-                labels = [(rank_logs.global_rank(local), local) for local in silent]
-                ranks = ", ".join(f"local {local}" if rank is None else str(rank) for rank, local in labels)
-                return (f"hung: no training process wrote a line for {settings.hang_timeout:g}s "
-                        f"(silent ranks: {ranks})")
-        return None
+        if not timeout or self.ranks_ended or any(now - rank_logs.last_output.get(local, training_started) < timeout
+                                                  for local in range(self.processes)):
+            return None
+        return self._diagnose_hang(rank_logs, timeout)
+
+    def _diagnose_hang(self, rank_logs: RankLogs, timeout: float) -> str | None:
+        from launcher.node.stacks import capture
+
+        def label(local: int) -> str:
+            rank = rank_logs.global_rank(local)
+            return f"local rank {local}" if rank is None else f"rank {rank}"
+
+        captured = capture(self.stacks_dir, range(self.processes))
+        if len(captured.gone) == self.processes:  # they ended well (torchrun reports failures at once): torchrun
+            self.ranks_ended = True               # waits at its exit barrier for the other nodes; not a hang here
+            self.say("every training process here has ended (exit status 0); torchrun waits for the other nodes")
+            self.status.update(training_processes="ended")
+            return None
+        stacks = captured.stacks
+        for local, stack in sorted(stacks.items()):
+            state = "waits in a collective" if stack.waiting else "is not in any collective"
+            self.say(f"hung for {timeout:g}s: {label(local)} {state}; its stack, most recent call first:")
+            for frame in stack.frames[:STACK_LINES_SHOWN]:
+                self.say(f"  {frame}")
+        stuck = [stack for _, stack in sorted(stacks.items()) if not stack.waiting]
+        if stuck:
+            where = stuck[0].innermost_user_frame or (stuck[0].frames[0] if stuck[0].frames else "an unknown place")
+            waiting = [label(local) for local, stack in sorted(stacks.items()) if stack.waiting]
+            return (f"hung: {label(stuck[0].local_rank)} made no progress for {timeout:g}s outside any collective, "
+                    f"at {where}" + (f" ({', '.join(waiting)} wait for it)" if waiting else ""))
+        silent = ", ".join(label(local) for local in range(self.processes))
+        if not stacks:
+            return f"hung: no training process wrote a line for {timeout:g}s (silent: {silent}); no stack could be read"
+        self.stop_request = self._await_stop(HANG_PEER_GRACE_SECONDS)  # the culprit's node names itself
+        if self.stop_request:
+            return None
+        ended = self._peers_that_ended()
+        if ended:
+            return (f"hung: {silent} waited {timeout:g}s in a collective for {', '.join(ended)}, whose training "
+                    "processes ended with exit status 0: the entry point returned there before training was over "
+                    "(e.g. before init_process_group)")
+        return (f"hung: {silent} waited {timeout:g}s in a collective and no node has a rank outside one "
+                "(mismatched collectives across ranks, or a rank that is gone)")
+
+    def _peers_that_ended(self) -> list[str]:
+        """Peers whose training processes all ended well, while this node's wait for them."""
+        try:
+            statuses = {node: self.run.get_record(status_key(node)) for node in self.settings.nodes
+                        if node != self.settings.node}
+        except StoreError:
+            return []
+        return [node for node, status in statuses.items()
+                if status.get("state") == "succeeded" or status.get("training_processes") == "ended"]
 
     def _peer_stop(self, cause: Cause) -> StopRequest | None:
         """A cancel or a peer's failure marker. When this node's ranks only lost a peer, the node whose
         rank raised is given PEER_GRACE_SECONDS to write its marker, so that it, not this node, is the cause."""
         alone = len(self.settings.nodes) == 1
-        deadline = time.monotonic() + (0 if alone or not lost_a_peer(cause) else PEER_GRACE_SECONDS)
+        return self._await_stop(0 if alone or not lost_a_peer(cause) else PEER_GRACE_SECONDS)
+
+    def _await_stop(self, seconds: float) -> StopRequest | None:
+        """A cancel, a limit or a peer's failure marker, read at once and then for up to ``seconds``."""
+        deadline = time.monotonic() + seconds
         while True:
             request = self.stop_request or self._control_check(force=True)
             if request or time.monotonic() >= deadline:
                 return request
-            time.sleep(PEER_POLL_SECONDS)
+            time.sleep(PEER_POLL_SECONDS)  # the work dir offers no change notification: poll it
 
     def _control_check(self, force: bool = False) -> StopRequest | None:
         try:

@@ -45,14 +45,17 @@ def rank_env(decision: Decision, settings: NodeSettings, processes: int) -> dict
 
 
 def training_env(base: Mapping[str, str], decision: Decision, settings: NodeSettings,
-                 processes: int) -> dict[str, str]:
-    """The environment torchrun and the training processes start with."""
+                 processes: int, stacks_dir: str) -> dict[str, str]:
+    """The environment torchrun and the training processes start with (``stacks_dir``: see launcher.node.stacks)."""
+    from launcher.node.stacks import hook_env
+
     env = dict(base)
     for old, new in RENAMED_ENV.items():
         if old in env:
             value = env.pop(old)
             env.setdefault(new, value)
     env.update(rank_env(decision, settings, processes))
+    env.update(hook_env(stacks_dir, env.get("PYTHONPATH")))
     return env
 
 

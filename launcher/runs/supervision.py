@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -109,7 +110,10 @@ def recorded_fate(state_dir: str | os.PathLike, node: str) -> NodeFate | None:
         return None
 
 
-def console_tail(path: str | None, lines: int = 3) -> list[str]:
+ERROR_LINE = re.compile(r"Error|error|Exception|Fatal|FATAL|failed|not found|No such file|denied|Killed")
+
+
+def console_tail(path: str | None, lines: int = 5) -> list[str]:
     """The last non-empty lines a node printed, for a node that could not report them itself."""
     if not path:
         return []
@@ -120,6 +124,11 @@ def console_tail(path: str | None, lines: int = 3) -> list[str]:
     except OSError:
         return []
     return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def error_line(tail: list[str]) -> str | None:
+    """The line of a dead node's last output that says why, where one does (the last such line)."""
+    return next((line.strip() for line in reversed(tail) if ERROR_LINE.search(line)), None)
 
 
 def start_supervisor(module: str, state_dir: str, run_url: str, payload: Any) -> dict[str, Any]:
@@ -150,7 +159,10 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
     # Its console holds every line it printed, also those of its last seconds that never reached a log chunk.
     run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
     cancelled = CANCEL in run.list(CONTROL_PREFIX)
-    details = {"console_log": console_log, "last_output": console_tail(console_log)}
+    tail = console_tail(console_log)
+    said = error_line(tail)
+    reason = f"{reason}: {said}" if said else reason
+    details = {"console_log": console_log, "last_output": tail}
     status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
                    "reason": reason, "ended_at": time.time() if at is None else at, "updated_at": time.time(),
                    "reported_by": "supervisor", **details})

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.backends.base import Backend, NodeFate
-from launcher.node.control import CONTROL_PREFIX, node_label, record_failure
+from launcher.node.control import CANCEL, CONTROL_PREFIX, LIMIT, node_label, record_failure
 from launcher.node.rendezvous import DECISION_KEY
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
@@ -30,6 +30,7 @@ class RunView:
     failures: list[dict[str, Any]]
     cancel: dict[str, Any] | None
     fates: dict[str, NodeFate]
+    limit: dict[str, Any] | None = None  # the run reached its own limit (maxRuntime)
 
     @functools.cached_property
     def lost(self) -> dict[str, dict[str, Any]]:
@@ -45,7 +46,7 @@ class RunView:
             lost[name] = {"node": name, "rank": self.rank_of(name), "exit_code": fate.exit_code,
                           "reason": fate.reason or "node process is gone", "at": fate.ended_at or time.time(),
                           "console_log": fate.console_log,
-                          "last_output": list(fate.last_output[-3:]) or console_tail(fate.console_log)}
+                          "last_output": list(fate.last_output[-5:]) or console_tail(fate.console_log)}
         return lost
 
     @property
@@ -73,6 +74,8 @@ class RunView:
         root = self.root_failure()
         if root is not None and (self.cancel is None or root.get("at", 0) <= self.cancel.get("at", 0)):
             return "failed"  # a cancel that came after the first failure does not change its cause
+        if self.limit is not None:
+            return "failed"
         if self.cancel is not None:
             return "cancelled"
         return "failed" if "failed" in states or self.lost else "cancelled"
@@ -88,9 +91,18 @@ class RunView:
         return [name for name in self.info.nodes if name != root
                 and str(self.statuses.get(name, {}).get("reason") or "").startswith("stopped because")]
 
-    def root_failure(self) -> dict[str, Any] | None:
-        """The first node that failed on its own (not stopped because of another), or was lost."""
+    def also_failed(self) -> list[dict[str, Any]]:
+        """Nodes that failed on their own after the first one (the same error, say): not its victims."""
+        root = self.root_failure()
         causes = self.failures + list(self.lost.values())
+        return sorted((f for f in causes if root is not None and f.get("node") != root.get("node")),
+                      key=lambda f: f.get("at", 0))
+
+    def root_failure(self) -> dict[str, Any] | None:
+        """The first node that failed on its own (not stopped because of another), or was lost; None when the
+        run's own limit came first (then no node is the cause)."""
+        causes = [f for f in self.failures + list(self.lost.values())
+                  if self.limit is None or f.get("at", 0) < self.limit.get("at", 0)]
         return min(causes, key=lambda f: f.get("at", 0)) if causes else None
 
 
@@ -110,9 +122,10 @@ def read_view(info: RunInfo, run: WorkDir | None = None, backend: Backend | None
     decision = run.get_record(DECISION_KEY)
     control = run.list(CONTROL_PREFIX)
     failures = [run.get_record(f"{CONTROL_PREFIX}/{name}") for name in control if name.startswith("failed.")]
-    cancel = run.get_record(f"{CONTROL_PREFIX}/cancel") if "cancel" in control else None
+    cancel = run.get_record(f"{CONTROL_PREFIX}/{CANCEL}") if CANCEL in control else None
+    limit = run.get_record(f"{CONTROL_PREFIX}/{LIMIT}") if LIMIT in control else None
     return RunView(info, {n: s for n, s in statuses.items() if s}, decision or None,
-                   [f for f in failures if f], cancel, fates)
+                   [f for f in failures if f], cancel, fates, limit or None)
 
 
 def record_lost(view: RunView, run: WorkDir) -> None:
@@ -140,7 +153,8 @@ def closing_line(view: RunView) -> str:
     if result == "failed":
         root = view.root_failure()
         if root is None:
-            return f"run {run_id} failed"
+            limit = f": {view.limit['reason']}; every node was stopped" if view.limit else ""
+            return f"run {run_id} failed{limit}"
         status = "" if root.get("exit_code") is None else f" with status {root.get('exit_code')}"
         line = f"run {run_id} failed: {node_label(root.get('node'), root.get('rank'))} exited{status}\n" \
                f"  cause: {root.get('reason')}"
@@ -152,6 +166,8 @@ def closing_line(view: RunView) -> str:
         victims = view.victims()
         if victims:
             line += "\n  stopped because of it: " + ", ".join(node_label(n, view.rank_of(n)) for n in victims)
+        for other in view.also_failed():
+            line += f"\n  also failed: {node_label(other.get('node'), other.get('rank'))}: {other.get('reason')}"
         return line
     if result == "succeeded":
         return f"run {run_id} succeeded; outputs are in {view.info.run_url}/outputs/"

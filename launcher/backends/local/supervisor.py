@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launcher.backends.local.processes import kill_groups, write_processes
 from launcher.node.exits import killed_by, signal_name
-from launcher.node.outputs import OutputsSync
+from launcher.node.outputs import OutputsSync, remove_temporary
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.runs.supervision import (CONSOLE_PREFIX, ProcessRef, console_log_path, record_on_behalf,
@@ -40,7 +40,9 @@ def save_leftovers(run: WorkDir, name: str, status: dict) -> None:
             run.upload(str(path), f"{CONSOLE_PREFIX}/{name}/{path.relative_to(logs).as_posix()}")
         shutil.rmtree(logs, ignore_errors=True)
     if status.get("outputs_dir"):
-        OutputsSync(run, name, status["outputs_dir"]).sync()
+        OutputsSync(run, name, status["outputs_dir"]).sync()  # raises if the store fails: nothing is removed then
+        if status.get("outputs_temporary"):  # launcher chose the directory; every file is in the work dir now
+            remove_temporary(status["outputs_dir"])
 
 
 def main(state_dir: str, run_url: str) -> int:

@@ -1,0 +1,126 @@
+"""Where each training process is, without stopping it: its Python stacks, and whether it waits in a collective.
+
+Used when training seems hung. Every training process runs ``rankhooks/sitecustomize.py`` at
+start, which has faulthandler write all its threads' stacks to ``{stacks dir}/{local rank}.stack``
+when it gets :data:`STACK_SIGNAL`. A rank whose main thread is inside torch.distributed (or in
+backward, where DDP's gradient all-reduce runs) is *waiting* for its peers; a rank anywhere else
+(user code, data loading, a sleep) is what the others wait for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STACK_SIGNAL = signal.SIGRTMIN + 4  # real-time: no framework we know of uses it (Lightning uses SIGUSR1)
+HOOKS_DIR = str(Path(__file__).resolve().parent / "rankhooks")
+DUMP_WAIT_SECONDS = 2.0
+FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>.+)$')
+THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
+# The main thread of a rank that waits for its peers is inside one of these (most recent frame first).
+WAITING_IN = ("torch/distributed/", "torch/nn/parallel/distributed.py", "torch/autograd/", "torch/_tensor.py")
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclass(frozen=True)
+class RankStack:
+    local_rank: int
+    frames: tuple[Frame, ...]  # the main thread's, most recent first
+
+    @property
+    def waiting(self) -> bool:
+        """In a collective (or in backward, where DDP's all-reduce runs): waiting for the other ranks."""
+        return bool(self.frames) and any(part in self.frames[0].file for part in WAITING_IN)
+
+    @property
+    def innermost_user_frame(self) -> Frame | None:
+        """The most recent frame outside Python's and torch's own files."""
+        return next((frame for frame in self.frames if not _library(frame.file)), None)
+
+
+def _library(path: str) -> bool:
+    return path.startswith("<frozen") or any(part in path for part in ("/site-packages/", "/dist-packages/",
+                                                                        "/lib/python3"))
+
+
+def hook_env(stacks_dir: str, base_pythonpath: str | None) -> dict[str, str]:
+    """What the training processes need for :func:`capture`: the hooks first on PYTHONPATH."""
+    path = HOOKS_DIR + (os.pathsep + base_pythonpath if base_pythonpath else "")
+    return {"PYTHONPATH": path, "LAUNCHER_STACKS_DIR": stacks_dir, "LAUNCHER_STACK_SIGNAL": str(int(STACK_SIGNAL))}
+
+
+@dataclass(frozen=True)
+class Capture:
+    stacks: dict[int, RankStack]  # local rank -> its stack, for the processes that answered
+    gone: list[int]  # local ranks whose process has ended
+
+
+def capture(stacks_dir: str, local_ranks: range) -> Capture:
+    """Ask every training process of this node for its stacks; what arrives within DUMP_WAIT_SECONDS."""
+    asked: dict[int, int] = {}  # local rank -> size of its file before it was asked
+    gone = []
+    for local in local_ranks:
+        path = Path(stacks_dir) / f"{local}.stack"
+        pid = _pid_of(path)
+        if pid is None:
+            continue
+        size = path.stat().st_size
+        try:
+            os.kill(pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            gone.append(local)
+            continue
+        asked[local] = size
+    stacks: dict[int, RankStack] = {}
+    previous = dict(asked)
+    deadline = time.monotonic() + DUMP_WAIT_SECONDS
+    while len(stacks) < len(asked) and time.monotonic() < deadline:
+        time.sleep(0.05)  # faulthandler writes from a signal handler: nothing to wait on but the file's growth
+        for local, before in asked.items():
+            path = Path(stacks_dir) / f"{local}.stack"
+            size = path.stat().st_size
+            if local not in stacks and size > before and size == previous[local]:  # grown, then still
+                with path.open(errors="replace") as handle:
+                    handle.seek(before)
+                    stacks[local] = RankStack(local, main_thread_frames(handle.read()))
+            previous[local] = size
+    return Capture(stacks, gone)
+
+
+def _pid_of(path: Path) -> int | None:
+    try:
+        with path.open(errors="replace") as handle:
+            first = handle.readline().strip()
+    except OSError:
+        return None
+    return int(first[4:]) if first.startswith("pid ") and first[4:].isdigit() else None
+
+
+def main_thread_frames(dump: str) -> tuple[Frame, ...]:
+    """The frames of the thread running the script (it has the ``<module>`` frame; else the thread the
+    signal interrupted), most recent first."""
+    threads: list[tuple[bool, list[Frame]]] = []
+    for line in dump.splitlines():
+        if header := THREAD.match(line):
+            threads.append((header[1] == "Current thread", []))
+        elif (found := FRAME.match(line)) and threads:
+            threads[-1][1].append(Frame(found["file"], int(found["line"]), found["function"]))
+    for wanted in (lambda current, frames: any(f.function == "<module>" for f in frames),
+                   lambda current, frames: current):
+        chosen = next((frames for current, frames in threads if wanted(current, frames)), None)
+        if chosen:
+            return tuple(chosen)
+    return ()

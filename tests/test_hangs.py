@@ -1,0 +1,54 @@
+"""Hangs and limits through the real CLI on 2 local nodes with real torchrun and gloo: the summary names the
+rank the others wait for (from every rank's Python stack, taken without stopping it), and a run that reaches
+its maxRuntime is reported as the run's limit, not as one node's failure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clirun import run_failing, run_id_from
+from cluster import write_spec
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+# The silence the watchdog measures starts at the line printed after the (slow) import of torch.
+IMPORTED = "import os, time, torch, torch.distributed as dist\nprint('imported', flush=True)\n"
+HANG_TIMEOUT = {"hangTimeout": 5}
+
+
+def test_a_rank_stuck_outside_any_collective_is_the_cause_and_the_waiting_rank_its_victim(tmp_path, launcher_home):
+    script = IMPORTED + ("dist.init_process_group('gloo')\n"
+                         "def load_next_batch():\n    time.sleep(600)\n"
+                         "if dist.get_rank() == 1:\n    load_next_batch()\n"
+                         "dist.all_reduce(torch.ones(1))\n")
+    output, summary = run_failing(tmp_path, script, extra_cluster=HANG_TIMEOUT)
+    assert "cause: hung: rank 1 made no progress for 5s outside any collective, at" in summary, summary
+    assert "job.py:5 in load_next_batch" in summary  # the sleep, in the function that never returned
+    assert "stopped because of it: node t-main (rank 0)" in summary
+    # every rank's stack is shown, the waiting one inside torch.distributed
+    assert "rank 0 waits in a collective; its stack" in output and "in all_reduce" in output
+    assert "rank 1 is not in any collective; its stack" in output
+
+
+def test_a_node_that_returned_early_is_named_by_the_rank_left_waiting(tmp_path, launcher_home):
+    script = IMPORTED + ("if os.environ['RANK'] == '1':\n    raise SystemExit(0)  # returns before init_process_group\n"
+                         "dist.init_process_group('gloo')\nprint('never reached', flush=True)\n")
+    _, summary = run_failing(tmp_path, script, extra_cluster=HANG_TIMEOUT)
+    assert ("cause: hung: rank 0 waited 5s in a collective for t-worker-0, whose training processes ended with "
+            "exit status 0") in summary, summary
+
+
+def test_max_runtime_is_the_runs_limit_not_a_nodes_failure(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, "import time\nprint('working', flush=True)\ntime.sleep(120)\n", nodes=2,
+                      extra_cluster={"maxRuntime": "4s"})
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stdout
+    run_id = run_id_from(done.stdout)
+    assert done.stdout[done.stdout.rindex("\nrun "):].strip() == \
+        f"run {run_id} failed: the run exceeded its maxRuntime (4s); every node was stopped"
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "failed" and status["first_failure"] is None
+    assert {node["exit_code"] for node in status["nodes"].values()} == {124}
