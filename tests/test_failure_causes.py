@@ -168,10 +168,10 @@ def test_the_summary_names_the_exception_and_the_user_frame(tmp_path, launcher_h
 def test_with_two_processes_per_node_the_rank_that_raised_is_the_cause_not_its_victims(tmp_path, launcher_home):
     output, summary = run_failing(tmp_path, RAISES_AND_ENDS_LAST, extra_cluster={"processesPerNode": 2})
     assert len(re.findall(r"Connection (closed|reset) by peer", output)) >= 3  # ranks 0, 1 and 3 lost their peer
-    assert "failed: node t-worker-0 (rank 1)" in summary
+    assert "failed: node t-worker-0 exited" in summary
     assert "cause: rank 2: ValueError: rank 2 raised first" in summary
     assert f"at {tmp_path}/job.py:11 in step: raise ValueError" in summary
-    assert "stopped because of it: node t-main (rank 0)" in summary
+    assert "stopped because of it: node t-main" in summary
     status = json.loads(run_cli("status", run_id_from(output), "--json").stdout)
     cause = status["first_failure"]["cause"]
     assert (cause["local_rank"], cause["signal"]) == (0, "SIGTERM")  # torchrun saw a victim end first
@@ -280,5 +280,5 @@ def test_nodes_failing_on_their_own_are_also_failed_not_victims(tmp_path, launch
               "raise ValueError(f'bad config on rank {dist.get_rank()}')\n")
     _, summary = run_failing(tmp_path, script)
     assert re.search(r"cause: rank (0|1): ValueError: bad config on rank \1", summary), summary
-    assert re.search(r"also failed: node t-\S+ \(rank (0|1)\): rank \1: ValueError: bad config", summary), summary
+    assert re.search(r"also failed: node t-\S+: rank (0|1): ValueError: bad config", summary), summary
     assert "stopped because of it" not in summary

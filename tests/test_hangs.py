@@ -27,7 +27,7 @@ def test_a_rank_stuck_outside_any_collective_is_the_cause_and_the_waiting_rank_i
     output, summary = run_failing(tmp_path, script, extra_cluster=HANG_TIMEOUT)
     assert "cause: hung: rank 1 made no progress for 5s outside any collective, at" in summary, summary
     assert "job.py:5 in load_next_batch" in summary  # the sleep, in the function that never returned
-    assert "stopped because of it: node t-main (rank 0)" in summary
+    assert "stopped because of it: node t-main" in summary
     # every rank's stack is shown, the waiting one inside torch.distributed
     assert "rank 0 waits in a collective; its stack" in output and "in all_reduce" in output
     assert "rank 1 is not in any collective; its stack" in output

@@ -9,18 +9,22 @@ import json
 import re
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterable, Iterator, TextIO
 
 from launcher.backends import backend_for
 from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, BadInput
-from launcher.node.logship import LOGS_PREFIX, parse_chunk_name
+from launcher.node.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
 from launcher.runs.state import RunInfo, resolve_run
 from launcher.runs.view import RunView, closing_line, open_run, read_view, record_lost
 
-POLL_SECONDS = 0.25
+LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per node
+STORE_POLL_SECONDS = 0.25  # object stores: one LIST per poll
+VIEW_SECONDS = 0.25  # the run's state: statuses, markers, the backend's processes
 COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92)
+TAGS = {"node": "[launcher]", "torchrun": "[torchrun]"}
 
 
 def parse_since(text: str | None, now: float | None = None) -> float | None:
@@ -37,12 +41,23 @@ def parse_since(text: str | None, now: float | None = None) -> float | None:
         raise BadInput(f"--since {text!r}: use seconds (90), a duration (5m, 2h) or an ISO time") from None
 
 
+@dataclass
+class _Cursor:
+    """Where a node's log stands for this reader: the next chunk's number, and its name once known."""
+    seq: int = 0
+    name: str | None = None  # known from the chunk before it: then it is read without a listing
+
+
 class LogFollower:
-    """Reads new log chunks of a run and prints their lines with a node/rank prefix.
+    """Reads new log chunks of a run and prints their lines, prefixed ``[node rRANK]`` for a training
+    process's lines (its global rank) and ``[node] [launcher]`` for the node program's own.
 
     Memory stays bounded whatever the size of the log: each node's chunks are read one at a
     time, in order, and the nodes' streams are merged by time as they are read (a chunk holds
     at most :data:`MAX_CHUNK_LINES` lines), so at most one chunk per node is held at once.
+    A node's chunks are found by one listing at first; after that, on a local work dir, by
+    the name each chunk gives its successor (:func:`next_chunk_name`), so a poll costs a failed
+    open per node however long the log, and on object stores by a listing per poll.
     """
 
     def __init__(self, info: RunInfo, out: TextIO, *, nodes: list[str] | None = None, since: float | None = None,
@@ -54,90 +69,121 @@ class LogFollower:
         self.out = out
         self.nodes = nodes or info.nodes
         self.since = since
-        self.tail = tail  # applies to what is there at the first poll; later lines all print
+        self.tail = tail  # per node, of what is there at the first poll; later lines all print
         self.run = open_run(info)
-        self.read: set[str] = set()
+        self.by_name = self.run.is_local
+        self.poll_seconds = LOCAL_POLL_SECONDS if self.by_name else STORE_POLL_SECONDS
+        self._cursors = {node: _Cursor() for node in self.nodes}
         self.colour = out.isatty()
         self.width = max(len(n) for n in self.nodes)
         self._order = {name: index for index, name in enumerate(info.nodes)}
         self.verbose = verbose  # torchrun's own messages too
         self._progress_open = False  # a progress line is on screen, to be replaced or ended
 
-    def prefix(self, node: str, rank: int | None) -> str:
-        label = f"[{node:<{self.width}} r{'?' if rank is None else rank}]"
+    def prefix(self, node: str, rank: str | None = None) -> str:
+        """``[node rRANK]`` for a training process's line; ``[node]`` for what concerns the node."""
+        label = f"[{node:<{self.width}}{'' if rank is None else ' r' + rank}]"
         if self.colour:
             code = COLOURS[self._order[node] % len(COLOURS)]
             return f"\x1b[{code}m{label}\x1b[0m"
         return label
 
     def state_changes(self, view: RunView, seen: dict[str, str]) -> None:
-        """One line per node state change, e.g. ``[worker-1 r2] -- running``."""
+        """One line per node state change, e.g. ``[worker-1] -- running``."""
         for node in self.nodes:
             record = view.statuses.get(node, {})
             state = record.get("state", "pending")
             if seen.get(node) != state:
                 seen[node] = state
                 detail = f" (exit status {record.get('exit_code')})" if state in ("failed", "cancelled") else ""
-                self.out.write(f"{self.prefix(node, view.rank_of(node))} -- {state}{detail}\n")
+                self.out.write(f"{self.prefix(node)} -- {state}{detail}\n")
         self.out.flush()
 
-    def _new_chunks(self) -> dict[str, list[str]]:
-        """Per node, the keys of chunks not read yet, in the order the node wrote them (one LIST)."""
-        chunks: dict[str, list[tuple[int, str]]] = {}
-        wanted = set(self.nodes)
+    def _listing(self) -> dict[str, list[tuple[int, str]]]:
+        """Per node, the names of its chunks not read yet, in order, less those older than --since (one LIST)."""
+        chunks: dict[str, list[tuple[int, float | None, str]]] = {}
         for key in self.run.find(LOGS_PREFIX):
-            if key in self.read:
-                continue
             node, _, name = key.partition("/")
-            if node not in wanted or "/" in name:
+            if node not in self._cursors or "/" in name:
                 continue
-            seq, last = parse_chunk_name(name)
-            if self.since is not None and last is not None and last < self.since:
-                self.read.add(key)  # wholly older than --since: never fetched
-                continue
-            chunks.setdefault(node, []).append((seq, key))
-        return {node: [key for _, key in sorted(keys)] for node, keys in chunks.items()}
+            seq, after = parse_chunk_name(name)
+            if seq >= self._cursors[node].seq:
+                chunks.setdefault(node, []).append((seq, after, name))
+        return {node: self._since(sorted(found)) for node, found in chunks.items()}
 
-    def _records(self, node: str, keys: list[str]) -> Iterator[tuple[float, int, int, str, dict]]:
+    def _since(self, chunks: list[tuple[int, float | None, str]]) -> list[tuple[int, str]]:
+        """Without the chunks wholly older than --since, never fetched: a chunk's lines are no newer
+        than the next chunk's ``after``."""
+        older = [index for index, (_, after, _) in enumerate(chunks)
+                 if self.since is not None and after is not None and after < self.since]
+        return [(seq, name) for seq, _, name in chunks[older[-1] if older else 0:]]
+
+    def _chunks(self, node: str, listed: list[tuple[int, str]] | None) -> Iterator[bytes]:
+        """The node's chunks not read yet, in order: those ``listed``, or else each by the name its predecessor gave."""
+        cursor = self._cursors[node]
+        names = iter(listed) if listed is not None else None
+        while True:
+            found = next(names, None) if names is not None else (
+                None if cursor.name is None else (cursor.seq, cursor.name))
+            if found is None:
+                return
+            seq, name = found
+            data = self.run.get(f"{LOGS_PREFIX}/{node}/{name}")
+            if data is None:  # not written yet, or listed but not readable yet: keep order, retry next poll
+                return
+            cursor.seq, cursor.name = seq + 1, next_chunk_name(seq, data.rstrip(b"\n").rpartition(b"\n")[2])
+            yield data
+
+    def _records(self, node: str, chunks: Iterable[bytes]) -> Iterator[tuple[float, int, int, str, dict]]:
+        """The lines this follower shows (torchrun's own only with -v), as records in time order."""
         order = self._order[node]
         sequence = itertools.count()  # unique per stream: the merge never compares two records
-        for key in keys:
-            data = self.run.get(f"{LOGS_PREFIX}/{key}")
-            if data is None:  # listed but not readable yet: stop here, keep order, retry next poll
-                return
-            self.read.add(key)
+        for data in chunks:
             for line in data.decode("utf-8", "replace").splitlines():
                 try:
                     record = json.loads(line)
                     stamp = float(record["t"])
                 except (ValueError, KeyError, TypeError):
                     continue  # a damaged line in the store must not stop the stream
+                if record.get("s") == "torchrun" and not self.verbose:
+                    continue
                 if self.since is None or stamp >= self.since:
                     yield stamp, order, next(sequence), node, record
 
-    def poll(self, view: RunView | None) -> int:
+    def _streams(self, final: bool) -> list[Iterable[tuple[float, int, int, str, dict]]]:
+        """Per node, its new records; a listing finds the chunks of nodes whose next chunk's name is not known,
+        of every node on an object store, and of every node once the run has ended (whatever wrote them)."""
+        by_name = self.by_name and not final
+        listing = {} if by_name and all(c.name is not None for c in self._cursors.values()) else self._listing()
+        for node, cursor in self._cursors.items():
+            if cursor.seq == 0 and node not in listing:  # nothing written yet: its first chunk's name is known
+                cursor.name = chunk_name(0, 0.0)
+        streams = []
+        for node in self.nodes:
+            listed = None if by_name and self._cursors[node].name is not None else listing.get(node, [])
+            streams.append(self._records(node, self._chunks(node, listed)))
+        if self.tail is not None:
+            streams, self.tail = [collections.deque(stream, maxlen=self.tail) for stream in streams], None
+        return streams
+
+    def poll(self, *, final: bool = False) -> int:
         """Print lines from chunks not read yet; return how many lines were printed."""
-        streams = [self._records(node, keys) for node, keys in self._new_chunks().items()]
+        streams = self._streams(final)
         merged: Iterable[tuple[float, int, int, str, dict]] = (
             streams[0] if len(streams) == 1 else heapq.merge(*streams))
-        if self.tail is not None:
-            merged, self.tail = collections.deque(merged, maxlen=self.tail), None
-        prefixes: dict[tuple[str, int | None], str] = {}
+        prefixes: dict[tuple[str, str], str] = {}
         parts: list[str] = []
         count = 0
         for _, _, _, node, record in merged:
             stream = record.get("s")
-            if stream == "torchrun" and not self.verbose:
-                continue
             rank = record.get("r")
-            if not isinstance(rank, int):
-                rank = view.rank_of(node) if view else None
-            prefix = prefixes.get((node, rank))
+            # who wrote it: the node program or torchrun (their tags), else a training process (its rank)
+            who = TAGS.get(stream) or (str(rank) if isinstance(rank, int) else "?")
+            prefix = prefixes.get((node, who))
             if prefix is None:
-                prefix = prefixes[(node, rank)] = self.prefix(node, rank)
+                prefix = prefixes[(node, who)] = (f"{self.prefix(node)} {who}" if stream in TAGS
+                                                  else self.prefix(node, who))
             text = str(record.get("m", ""))
-            if stream in ("node", "torchrun"):
-                text = f"[{'launcher' if stream == 'node' else 'torchrun'}] {text}"
             if stream == "progress" and self.colour:  # a terminal: update the line in place
                 parts.append(f"\r{prefix} {text}\x1b[K")
                 self._progress_open = True
@@ -162,18 +208,21 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
     follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
+    next_view = 0.0
     while True:
-        view = read_view(info, follower.run, backend)
-        record_lost(view, follower.run)
-        if show_states:
-            follower.state_changes(view, states)
-        follower.poll(view)  # after reading the view: a node's last chunk precedes its final status
+        if time.monotonic() >= next_view:
+            view = read_view(info, follower.run, backend)
+            record_lost(view, follower.run)
+            if show_states:
+                follower.state_changes(view, states)
+            next_view = time.monotonic() + VIEW_SECONDS
+        follower.poll(final=view.ended)  # after reading the view: a node's last chunk precedes its final status
         if view.ended:
             backend.release(info)
             break
         if not keep_following:
             return EXIT_OK
-        time.sleep(POLL_SECONDS)  # the work dir offers no change notification: poll it
+        time.sleep(follower.poll_seconds)  # the work dir offers no change notification: poll it
     out.write(closing_line(view) + "\n")
     out.flush()
     return EXIT_OK if view.result == "succeeded" else EXIT_RUN_FAILED

@@ -17,9 +17,9 @@ CANCEL = "cancel"
 LIMIT = "limit"  # the run reached one of its own limits (maxRuntime): no node is the cause
 
 
-def node_label(node: str, rank: int | None) -> str:
-    """``node w-1 (rank 2)``; just ``node w-1`` before it had a rank."""
-    return f"node {node}" if rank is None else f"node {node} (rank {rank})"
+def node_label(node: str) -> str:
+    """``node w-1``: the node's index among nodes is no rank (its processes have global ranks of their own)."""
+    return f"node {node}"
 
 
 def failure_key(node: str) -> str:
@@ -73,6 +73,6 @@ class ControlWatch:
         for name in names:
             if name.startswith("failed.") and name != f"failed.{self.node}.json":
                 peer = self.run.get_record(f"{CONTROL_PREFIX}/{name}")
-                return StopRequest("failed", f"stopped because {node_label(peer.get('node', name), peer.get('rank'))} "
+                return StopRequest("failed", f"stopped because {node_label(peer.get('node', name))} "
                                    f"failed with exit code {peer.get('exit_code')}")
         return None

@@ -1,13 +1,17 @@
-"""Ship log lines to the work dir in chunks: at most every ``interval`` seconds, at exit, and
-whenever ``max_lines`` or ``max_bytes`` are pending, so no chunk (and no reader) has to hold a
-burst of millions of lines at once.
+"""Ship log lines to the work dir in chunks: as soon as lines arrive, at most one chunk per
+``interval`` (0.1 s on a local work dir, 2 s on object stores, which bill and throttle requests),
+at once whenever ``max_lines`` or ``max_bytes`` are pending (so no chunk, and no reader, has to
+hold a burst of millions of lines), and at exit.
 
-Each chunk is a new object ``logs/{node}/{seq:06d}~{last}.jsonl`` (append-only, so no
-read-modify-write), where ``last`` is the time of its last line (readers skip old chunks by
-name for ``--since``), one JSON object per line: ``{"t": unix time, "s": stream, "m": text, "r": rank}`` where the stream is
-``out`` or ``err`` (a training process; ``r`` is its global rank, when known), ``progress`` (the
-latest state of a carriage-return progress line), ``node`` (launcher's node program) or
-``torchrun`` (torchrun's own messages).
+Each chunk is a new object ``logs/{node}/{seq:06d}~{after}.jsonl`` (append-only, so no
+read-modify-write), one JSON object per line: ``{"t": unix time, "s": stream, "m": text, "r": rank}``
+where the stream is ``out`` (a training process's stdout and stderr, in the order written; ``r`` is
+its global rank), ``progress`` (the latest state of a carriage-return progress line), ``node``
+(launcher's node program) or ``torchrun`` (torchrun's own messages). ``after`` is the time of the
+previous chunk's last line (0 for the first chunk): no line of the chunk is older, so readers skip
+old chunks by name for ``--since``, and a reader that has read chunk N knows the exact name of
+chunk N+1 without listing (:func:`next_chunk_key`). A chunk that could not be written is retried
+unchanged, so every reader sees the same lines under a name.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass
 
 from launcher.node.store import StoreError, WorkDir
 
@@ -22,25 +27,46 @@ LOGS_PREFIX = "logs"
 _quote = json.encoder.encode_basestring  # JSON string literal, non-ASCII kept as it is
 MAX_CHUNK_LINES = 5000
 MAX_CHUNK_BYTES = 1 << 20
+LOCAL_INTERVAL = 0.1
+STORE_INTERVAL = 2.0
 
 
-def chunk_key(node: str, seq: int, last_time: float) -> str:
-    return f"{LOGS_PREFIX}/{node}/{seq:06d}~{last_time:.3f}.jsonl"
+def chunk_key(node: str, seq: int, after: float) -> str:
+    return f"{LOGS_PREFIX}/{node}/{chunk_name(seq, after)}"
+
+
+def chunk_name(seq: int, after: float) -> str:
+    return f"{seq:06d}~{after:.6f}.jsonl"
+
+
+def next_chunk_name(seq: int, last_line: bytes) -> str | None:
+    """The name of the chunk after chunk ``seq`` whose last line is ``last_line``; None if that line is damaged."""
+    try:
+        return chunk_name(seq + 1, float(json.loads(last_line)["t"]))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def parse_chunk_name(name: str) -> tuple[int, float | None]:
-    """``000012~1732280000.125.jsonl`` -> (12, 1732280000.125); the time is None when absent."""
+    """``000012~1732280000.125000.jsonl`` -> (12, 1732280000.125); the time is None when absent."""
     stem = name.removesuffix(".jsonl")
-    seq, _, last = stem.partition("~")
-    return int(seq), float(last) if last else None
+    seq, _, after = stem.partition("~")
+    return int(seq), float(after) if after else None
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    key: str
+    body: bytes
+    last: float  # the time of its last line: the next chunk's ``after``
 
 
 class LogShipper:
-    def __init__(self, store: WorkDir, node: str, interval: float = 2.0, *, max_lines: int = MAX_CHUNK_LINES,
+    def __init__(self, store: WorkDir, node: str, interval: float | None = None, *, max_lines: int = MAX_CHUNK_LINES,
                  max_bytes: int = MAX_CHUNK_BYTES):
         self.store = store
         self.node = node
-        self.interval = interval
+        self.interval = interval if interval is not None else LOCAL_INTERVAL if store.is_local else STORE_INTERVAL
         self.max_lines = max_lines
         self.max_bytes = max_bytes
         self._pending: list[str] = []
@@ -48,8 +74,11 @@ class LogShipper:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._seq = 0
+        self._after = 0.0
+        self._unsent: _Chunk | None = None
         self._stop = threading.Event()
-        self._full = threading.Event()
+        self._arrived = threading.Event()  # lines are pending
+        self._full = threading.Event()  # a whole chunk is pending: no need to wait for the interval
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
 
     def start(self) -> "LogShipper":
@@ -73,33 +102,45 @@ class LogShipper:
             self._pending_bytes += sum(len(record) + 1 for record in records)
             if len(self._pending) >= self.max_lines or self._pending_bytes >= self.max_bytes:
                 self._full.set()
+        self._arrived.set()
 
     def flush(self) -> None:
+        """Write every pending line; on a store error, what is left waits for the next flush."""
         with self._flush_lock:  # one writer at a time keeps chunk numbers in order
             while True:
-                with self._lock:
-                    lines, self._pending = self._pending[:self.max_lines], self._pending[self.max_lines:]
-                    self._pending_bytes = sum(len(line) + 1 for line in self._pending)
-                    last = json.loads(lines[-1])["t"] if lines else 0.0
-                if not lines:
+                chunk = self._unsent or self._next_chunk()
+                if chunk is None:
                     return
                 try:
-                    self.store.put(chunk_key(self.node, self._seq, last), ("\n".join(lines) + "\n").encode())
-                    self._seq += 1
+                    self.store.put(chunk.key, chunk.body)
                 except StoreError:
-                    with self._lock:  # keep the lines for the next attempt rather than lose them
-                        self._pending = lines + self._pending
-                        self._pending_bytes += sum(len(line) + 1 for line in lines)
+                    self._unsent = chunk  # retried as it is: a reader may have seen it written after all
+                    self._arrived.set()
                     return
+                self._unsent = None
+                self._seq += 1
+                self._after = chunk.last
+
+    def _next_chunk(self) -> _Chunk | None:
+        with self._lock:
+            lines, self._pending = self._pending[:self.max_lines], self._pending[self.max_lines:]
+            self._pending_bytes -= sum(len(line) + 1 for line in lines)
+        if not lines:
+            return None
+        return _Chunk(chunk_key(self.node, self._seq, self._after), ("\n".join(lines) + "\n").encode(),
+                      json.loads(lines[-1])["t"])
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._full.wait(self.interval)
-            self._full.clear()
+            self._arrived.wait()
+            self._arrived.clear()
             self.flush()
+            self._full.wait(self.interval)  # at most one chunk per interval, unless a whole one is pending
+            self._full.clear()
 
     def close(self) -> None:
         self._stop.set()
+        self._arrived.set()
         self._full.set()
         if self._thread.is_alive():
             self._thread.join()

@@ -200,9 +200,7 @@ class Node:
                                                             self.stacks_dir),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_die_with_parent())
-        node_rank = decision.ranks.get(settings.node) if decision.mode == "static" else None
-        rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, global_rank=lambda local: (
-            None if node_rank is None else node_rank * self.processes + local)).start()
+        rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer).start()
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
         reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)
@@ -265,7 +263,7 @@ class Node:
             return _Outcome("failed", f"stopped: {ended.limit}", EXIT_TIMED_OUT)
         if ended.code == 0 and not ended.stopped:  # training ended on its own, successfully: a later SIGTERM
             return _Outcome("succeeded", None, 0)  # (compose stopping the others as one exits) changes nothing
-        cause = diagnose(self.torchrun_output, rank_logs.stderr_tails)
+        cause = diagnose(self.torchrun_output, rank_logs.tails)
         # Did training fail because the run was cancelled or a peer failed first? Then that is the cause; but a
         # rank here that raised an error of its own (not a lost peer) failed on its own too: "also failed".
         if not ended.stopped and cause.exception and not lost_a_peer(cause):
@@ -377,7 +375,7 @@ class Node:
             return None
 
     def _pump_torchrun(self, pipe: IO[bytes]) -> None:
-        """torchrun's own messages (the training processes write to files, see RankLogs): kept for
+        """torchrun's own messages (the training processes write to pipes, see RankLogs): kept for
         the cause of a failure and in the work dir as stream ``torchrun``, shown to users only with -v."""
         for raw in iter(pipe.readline, b""):
             sys.stdout.buffer.write(raw)

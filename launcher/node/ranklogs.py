@@ -1,51 +1,61 @@
-"""Follow what each training process writes, attributed to its rank, and ship it.
+"""Read what each training process writes, as it writes it, attributed to its global rank, and ship it.
 
-torchrun runs with ``--redirects 3 --log-dir DIR``: each local rank's stdout and stderr go to
-``DIR/{id}/attempt_{n}/{local rank}/{stdout,stderr}.log`` (raw bytes, carriage returns kept),
-and torchrun's own messages stay on its pipes. This module tails those files, as torchrun's
-``--tee`` would, but keeps each line's rank and stream: blocks are read whole, lines are
-shipped in batches, and a carriage return (progress bars) makes the text after it a
-``progress`` record, at most one per rank per second, the line's final state kept as a normal
-line when its newline comes. Everything is also written to the node's console.
+torchrun (through :mod:`launcher.node.torchrun_shim`) gives each training process one named pipe,
+``DIR/{id}/attempt_{n}/{local rank}/output-of-rank-{global rank}``, for both its stdout and its
+stderr: lines come out in the order they were written, whichever stream they were written to,
+and the name carries the global rank torchrun gave the process. One thread waits on
+every pipe at once and reads a block the moment it arrives. Lines are shipped in batches; a
+carriage return (progress bars) makes the text after it a ``progress`` record, at most one per
+rank per second, the line's final state kept as a normal line when its newline comes.
+Everything is also written to the node's console.
 """
 
 from __future__ import annotations
 
 import collections
+import os
+import selectors
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from launcher.node.logship import LogShipper
 
-POLL_SECONDS = 0.1
+PIPE_PREFIX = "output-of-rank-"
+DISCOVER_SECONDS = 0.1  # how often to look for the pipes of processes torchrun (re)started
 PROGRESS_EVERY_SECONDS = 1.0
 TAIL_LINES = 200  # per rank, for the cause of a failure: a deep traceback keeps its user frames
 READ_BYTES = 1 << 20
 
 
-class _File:
-    def __init__(self, path: Path, local_rank: int, stream: str):
-        self.path = path
-        self.local_rank = local_rank
-        self.stream = stream
-        self.offset = 0
-        self.pending = b""
+def output_pipe(rank_dir: str, rank: int | str) -> str:
+    """The pipe a training process writes its stdout and stderr to; ``rank_dir`` is torchrun's per-process dir."""
+    return os.path.join(rank_dir, f"{PIPE_PREFIX}{rank}")
+
+
+@dataclass
+class _Pipe:
+    fd: int
+    local_rank: int
+    rank: int
+    pending: bytes = b""
 
 
 class RankLogs:
-    def __init__(self, log_dir: str, shipper: LogShipper, console: IO[bytes], *,
-                 global_rank: Callable[[int], int | None]):
+    def __init__(self, log_dir: str, shipper: LogShipper, console: IO[bytes]):
         self.log_dir = Path(log_dir)
         self.shipper = shipper
         self.console = console
-        self.global_rank = global_rank
-        self.stderr_tails: dict[int, collections.deque[str]] = collections.defaultdict(
+        # Per local rank, its last lines, stdout and stderr as they were interleaved.
+        self.tails: dict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES))
         self.last_output: dict[int, float] = {}  # local rank -> monotonic time of its last output
-        self._files: dict[Path, _File] = {}
-        self._progress_at: dict[tuple[int, str], float] = {}
+        self._ranks: dict[int, int] = {}  # local rank -> global rank, of the latest attempt
+        self._opened: set[Path] = set()
+        self._selector = selectors.DefaultSelector()
+        self._progress_at: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rank-logs", daemon=True)
 
@@ -53,64 +63,80 @@ class RankLogs:
         self._thread.start()
         return self
 
+    def global_rank(self, local_rank: int) -> int | None:
+        """The global rank torchrun gave this local rank; None before its process started."""
+        return self._ranks.get(local_rank)
+
     def close(self) -> None:
-        """Read every file to its end (training has exited) and ship what is left."""
+        """Read every pipe to its end (training has exited) and ship what is left."""
         self._stop.set()
         self._thread.join()
-        self._poll(final=True)
+        self._discover()
+        for key in list(self._selector.get_map().values()):
+            while self._read(key.data):
+                pass
+            if key.fd in self._selector.get_map():  # a child of the process still holds the pipe open
+                self._end(key.data)
+        self._selector.close()
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_SECONDS):
-            self._poll(final=False)
+        next_discovery = 0.0
+        while not self._stop.is_set():
+            if time.monotonic() >= next_discovery:
+                self._discover()
+                next_discovery = time.monotonic() + DISCOVER_SECONDS
+            for key, _ in self._selector.select(DISCOVER_SECONDS):
+                self._read(key.data)
 
-    def _poll(self, *, final: bool) -> None:
-        for path in sorted(self.log_dir.glob("*/attempt_*/*/std*.log")):
-            if path not in self._files and path.parent.name.isdigit():
-                self._files[path] = _File(path, int(path.parent.name), "out" if path.stem == "stdout" else "err")
-        for entry in self._files.values():
-            while self._read(entry, final=final):
-                pass
+    def _discover(self) -> None:
+        for path in sorted(self.log_dir.glob(f"*/attempt_*/*/{PIPE_PREFIX}*")):
+            if path in self._opened or not path.parent.name.isdigit():
+                continue
+            self._opened.add(path)
+            pipe = _Pipe(os.open(path, os.O_RDONLY | os.O_NONBLOCK), int(path.parent.name),
+                         int(path.name.removeprefix(PIPE_PREFIX)))
+            self._ranks[pipe.local_rank] = pipe.rank
+            self._selector.register(pipe.fd, selectors.EVENT_READ, pipe)
 
-    def _read(self, entry: _File, *, final: bool) -> bool:
+    def _read(self, pipe: _Pipe) -> bool:
         """Read and ship one block; True when there may be more to read now."""
         try:
-            with open(entry.path, "rb") as handle:
-                handle.seek(entry.offset)
-                block = handle.read(READ_BYTES)
-        except FileNotFoundError:
+            block = os.read(pipe.fd, READ_BYTES)
+        except BlockingIOError:
             return False
-        if not block:
-            if final and entry.pending:
-                self._ship(entry, [entry.pending])
-                entry.pending = b""
+        if not block:  # every writer has closed it
+            self._end(pipe)
             return False
-        entry.offset += len(block)
         self.console.write(block)
         self.console.flush()
-        lines = (entry.pending + block).split(b"\n")
-        entry.pending = lines.pop()
-        self.last_output[entry.local_rank] = time.monotonic()
+        lines = (pipe.pending + block).split(b"\n")
+        pipe.pending = lines.pop()
+        self.last_output[pipe.local_rank] = time.monotonic()
         if lines:
-            self._ship(entry, lines)
-        if b"\r" in entry.pending:
-            self._progress(entry)
-        return len(block) == READ_BYTES
+            self._ship(pipe, lines)
+        if b"\r" in pipe.pending:
+            self._progress(pipe)
+        return True
 
-    def _ship(self, entry: _File, raw_lines: list[bytes]) -> None:
+    def _end(self, pipe: _Pipe) -> None:
+        """Stop reading a pipe; a last line without a newline is shipped as it is."""
+        self._selector.unregister(pipe.fd)
+        os.close(pipe.fd)
+        if pipe.pending:
+            self._ship(pipe, [pipe.pending])
+            pipe.pending = b""
+
+    def _ship(self, pipe: _Pipe, raw_lines: list[bytes]) -> None:
         texts = [(line.rstrip(b"\r").rsplit(b"\r", 1)[-1] if b"\r" in line else line).decode("utf-8", "replace")
                  for line in raw_lines]
-        if entry.stream == "err":
-            self.stderr_tails[entry.local_rank].extend(texts[-TAIL_LINES:])
-        rank = self.global_rank(entry.local_rank)
-        self.shipper.add_many([(entry.stream, text, rank) for text in texts])
+        self.tails[pipe.local_rank].extend(texts[-TAIL_LINES:])
+        self.shipper.add_many([("out", text, pipe.rank) for text in texts])
 
-    def _progress(self, entry: _File) -> None:
-        head, _, tail = entry.pending.rpartition(b"\r")
+    def _progress(self, pipe: _Pipe) -> None:
+        head, _, tail = pipe.pending.rpartition(b"\r")
         latest = head.rsplit(b"\r", 1)[-1] if not tail else tail
-        entry.pending = tail
-        key = (entry.local_rank, entry.stream)
+        pipe.pending = tail
         now = time.monotonic()
-        if latest.strip() and now - self._progress_at.get(key, 0.0) >= PROGRESS_EVERY_SECONDS:
-            self._progress_at[key] = now
-            self.shipper.add_many([("progress", latest.decode("utf-8", "replace"),
-                                    self.global_rank(entry.local_rank))])
+        if latest.strip() and now - self._progress_at.get(pipe.local_rank, 0.0) >= PROGRESS_EVERY_SECONDS:
+            self._progress_at[pipe.local_rank] = now
+            self.shipper.add_many([("progress", latest.decode("utf-8", "replace"), pipe.rank)])

@@ -61,14 +61,12 @@ def training_env(base: Mapping[str, str], decision: Decision, settings: NodeSett
 
 def torchrun_argv(decision: Decision, settings: NodeSettings, processes: int, *, log_dir: str,
                   wait_seconds: float) -> list[str]:
-    """torchrun's command line; on workers wrapped so it starts once the main's port answers."""
-    if decision.main == settings.node:
-        argv = [sys.executable, "-m", "torch.distributed.run"]
-    else:
-        argv = [sys.executable, "-m", "launcher.node.torchrun_shim", decision.master_addr,
-                str(decision.master_port), f"{wait_seconds:g}", "--"]
-    # Each training process writes to its own files under log_dir (read back by launcher.node.ranklogs).
-    argv += ["--nproc-per-node", str(processes), "--redirects", "3", "--log-dir", log_dir]
+    """torchrun's command line, through the shim: each training process writes its output into a pipe in
+    log_dir (read by launcher.node.ranklogs), and workers start once the main's port answers."""
+    wait = [] if decision.main == settings.node else [decision.master_addr, str(decision.master_port),
+                                                      f"{wait_seconds:g}"]
+    argv = [sys.executable, "-m", "launcher.node.torchrun_shim", *wait, "--",
+            "--nproc-per-node", str(processes), "--log-dir", log_dir]
     if decision.mode == "static":
         argv += ["--nnodes", str(len(decision.ranks)), "--node-rank", str(decision.ranks[settings.node]),
                  "--master-addr", decision.master_addr, "--master-port", str(decision.master_port)]

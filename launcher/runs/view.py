@@ -156,7 +156,7 @@ def closing_line(view: RunView) -> str:
             limit = f": {view.limit['reason']}; every node was stopped" if view.limit else ""
             return f"run {run_id} failed{limit}"
         status = "" if root.get("exit_code") is None else f" with status {root.get('exit_code')}"
-        line = f"run {run_id} failed: {node_label(root.get('node'), root.get('rank'))} exited{status}\n" \
+        line = f"run {run_id} failed: {node_label(root.get('node'))} exited{status}\n" \
                f"  cause: {root.get('reason')}"
         tail = "".join(f"\n  | {text}" for text in root.get("last_output") or [])
         if root.get("console_log"):
@@ -165,9 +165,9 @@ def closing_line(view: RunView) -> str:
             line += f"\n  it did not report its end; its last lines, as the backend logged them:{tail}"
         victims = view.victims()
         if victims:
-            line += "\n  stopped because of it: " + ", ".join(node_label(n, view.rank_of(n)) for n in victims)
+            line += "\n  stopped because of it: " + ", ".join(node_label(n) for n in victims)
         for other in view.also_failed():
-            line += f"\n  also failed: {node_label(other.get('node'), other.get('rank'))}: {other.get('reason')}"
+            line += f"\n  also failed: {node_label(other.get('node'))}: {other.get('reason')}"
         return line
     if result == "succeeded":
         return f"run {run_id} succeeded; outputs are in {view.info.run_url}/outputs/"

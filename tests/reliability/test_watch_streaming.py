@@ -1,4 +1,5 @@
-"""`watch` streams logs of any size in bounded memory, merged by time; --tail and --since (issue 7, item 9)."""
+"""`watch` streams logs of any size in bounded memory, merged by time; --tail (per node) and --since (issue 7,
+item 9; issue 15, item 7)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ def write_interleaved_log(work_dir: str, run_id: str, lines_per_node: int, chunk
     """Node a logs at even times, node b at odd times; each line's text is its time."""
     run = WorkDir(f"{work_dir}/{run_id}")
     for offset, node in enumerate(NODES):
+        after = 0.0
         for seq, start in enumerate(range(0, lines_per_node, chunk_lines)):
             stamps = [2 * i + offset for i in range(start, min(start + chunk_lines, lines_per_node))]
-            body = "".join(json.dumps({"t": t, "s": "out", "m": str(t)}) + "\n" for t in stamps)
-            run.put(chunk_key(node, seq, stamps[-1]), body.encode())
+            body = "".join(json.dumps({"t": t, "s": "out", "r": offset, "m": str(t)}) + "\n" for t in stamps)
+            run.put(chunk_key(node, seq, after), body.encode())
+            after = stamps[-1]
         run.put(status_key(node), json.dumps({"node": node, "state": "succeeded", "rank": offset}).encode())
 
 
@@ -56,12 +59,14 @@ def test_a_large_log_streams_in_bounded_memory_in_time_order(tmp_path, launcher_
     assert peak_mib < 150, f"watch peaked at {peak_mib} MiB"
 
 
-def test_tail_prints_only_the_last_lines(tmp_path, launcher_home):
+def test_tail_prints_the_last_lines_of_each_node_counting_only_lines_it_shows(tmp_path, launcher_home):
     write_interleaved_log(str(tmp_path / "wd"), "tail-1", 30_000, chunk_lines=1000)
+    hidden = "".join(json.dumps({"t": 70_000 + i, "s": "torchrun", "m": "torchrun's own"}) + "\n" for i in range(9))
+    WorkDir(str(tmp_path / "wd" / "tail-1")).put(chunk_key("b", 30, 59_999), hidden.encode())  # shown with -v only
     record(str(tmp_path / "wd"), "tail-1")
-    output, _ = watch_with_peak_rss("tail-1", "--no-follow", "--tail", "5")
-    assert [line.split("] ", 1)[1] for line in output.splitlines() if "] " in line] == [
-        "59995", "59996", "59997", "59998", "59999"]
+    output, _ = watch_with_peak_rss("tail-1", "--no-follow", "--tail", "3")
+    assert output.splitlines()[:-1] == ["[a r0] 59994", "[b r1] 59995", "[a r0] 59996", "[b r1] 59997", "[a r0] 59998",
+                                   "[b r1] 59999"]
 
 
 def test_since_skips_whole_chunks_without_fetching_them(tmp_path, launcher_home):
@@ -70,6 +75,6 @@ def test_since_skips_whole_chunks_without_fetching_them(tmp_path, launcher_home)
     out = io.StringIO()
     follower = LogFollower(info, out, since=19_990)
     before = follower.run.requests
-    assert follower.poll(None) == 10
+    assert follower.poll() == 10
     assert follower.run.requests - before <= 3, "old chunks were fetched"  # one LIST, one GET per node
     assert out.getvalue().splitlines()[0].endswith(" 19990")

@@ -47,11 +47,11 @@ def test_follower_sees_chunks_written_after_it_first_listed_them(s3_bucket):
     follower = LogFollower(info, out)
     shipper.add("out", "first")
     shipper.flush()
-    assert follower.poll(None) == 1
+    assert follower.poll() == 1
     for second in ("second", "third"):
         shipper.add("out", second)
         shipper.flush()
-    assert follower.poll(None) == 2
+    assert follower.poll() == 2
     assert [line.split("] ", 1)[1] for line in out.getvalue().splitlines()] == ["first", "second", "third"]
 
 

@@ -1,0 +1,147 @@
+"""Logs in order, live, and named alike (issue 15, items 3 and 4).
+
+Within a rank, lines keep the order they were written in across stdout and stderr; training lines
+carry the global rank torchrun gave the process (whatever assigned it), launcher's own lines the
+node only, and the summary uses the same words. Lines are shipped as soon as they arrive, and a local
+follower finds each next chunk by its name instead of listing the whole log.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+
+import pytest
+
+from cluster import write_spec
+from conftest import run_cli
+from launcher.commands.watch import LogFollower
+from launcher.node.logship import LogShipper, next_chunk_name
+from launcher.node.ranklogs import RankLogs
+from launcher.node.store import StoreError, WorkDir
+from launcher.runs.state import RunInfo
+
+BURSTS = """
+import os, sys
+rank = os.environ["RANK"]
+for i in range(1, 7):  # one burst, alternately to stdout and stderr
+    (sys.stdout if i % 2 else sys.stderr).write(f"rank {rank} line {i}\\n")
+print(f"rank {rank} epoch 3 done")
+if rank == "3":
+    raise ValueError("bad batch")
+"""
+PREFIX = re.compile(r"^\[(\S+)\s*(?: r(\S+))?\] (.*)$")
+
+
+def test_each_ranks_lines_come_in_order_under_its_global_rank_and_the_summary_says_the_same(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, BURSTS, nodes=2, extra_cluster={"processesPerNode": 2})
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert done.returncode == 1, done.stdout + done.stderr
+    body, summary = done.stdout[:done.stdout.rindex("\nrun ")], done.stdout[done.stdout.rindex("\nrun "):]
+    shown: dict[str, list[str]] = {}
+    for line in body.splitlines():
+        found = PREFIX.match(line)
+        if not found:
+            continue
+        node, rank, text = found.groups()
+        if rank is None:  # the node's own line: it names the node, and no number
+            assert text.startswith(("[launcher]", "[torchrun]")), line
+            continue
+        assert node == ("t-main" if rank in "01" else "t-worker-0"), line
+        shown.setdefault(rank, []).append(text)
+    for rank in "0123":
+        assert shown[rank][:7] == [f"rank {rank} line {i}" for i in range(1, 7)] + [f"rank {rank} epoch 3 done"]
+    assert shown["3"][7] == "Traceback (most recent call last):" and shown["3"][-1] == "ValueError: bad batch"
+    assert "failed: node t-worker-0 exited with status 1" in summary
+    assert "cause: rank 3: ValueError: bad batch" in summary and "(rank" not in summary
+
+
+def test_the_pipes_carry_the_rank_torchrun_gave_and_both_streams_in_order(tmp_path):
+    from launcher.node.rankpipes import RankPipes
+
+    # As an elastic rendezvous may assign them: not node index x processes + local rank.
+    envs = {local: {"RANK": rank, "TORCHELASTIC_RUN_ID": "r", "TORCHELASTIC_RESTART_COUNT": "0"}
+            for local, rank in ((0, "5"), (1, "2"))}
+    places = RankPipes(str(tmp_path / "logs")).reify(envs)
+    assert places.stdouts == places.stderrs
+    shipper = _Lines()
+    rank_logs = RankLogs(str(tmp_path / "logs"), shipper, io.BytesIO()).start()
+    for local in (0, 1):  # as torchrun's subprocess handler opens them: once per stream
+        with open(places.stdouts[local], "w") as out, open(places.stderrs[local], "w") as err:
+            for i in range(1, 7):
+                (out if i % 2 else err).write(f"local {local} line {i}\n")
+                (out if i % 2 else err).flush()
+    rank_logs.close()
+    assert [line for line in shipper.lines if line[2] == 5] == [("out", f"local 0 line {i}", 5) for i in range(1, 7)]
+    assert [line for line in shipper.lines if line[2] == 2] == [("out", f"local 1 line {i}", 2) for i in range(1, 7)]
+    assert (rank_logs.global_rank(0), rank_logs.global_rank(1)) == (5, 2)
+
+
+class _Lines:
+    """A shipper that keeps what it is given."""
+
+    def __init__(self):
+        self.lines: list[tuple[str, str, int | None]] = []
+
+    def add_many(self, lines: list[tuple[str, str, int | None]]) -> None:
+        self.lines += lines
+
+
+class _Store:
+    """A local work dir whose puts can be awaited, and made to fail."""
+
+    def __init__(self, path: str, failures: int = 0):
+        self.store = WorkDir(path)
+        self.is_local = True
+        self.failures = failures
+        self.puts: list[tuple[str, bytes]] = []
+        self.put_done = threading.Event()
+
+    def put(self, key: str, data: bytes) -> None:
+        self.puts.append((key, data))
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("the store is down", permanent=False)
+        self.store.put(key, data)
+        self.put_done.set()
+
+
+def test_a_line_is_shipped_when_it_arrives_then_at_most_once_an_interval(tmp_path):
+    store = _Store(str(tmp_path / "run"))
+    shipper = LogShipper(store, "n", interval=60).start()
+    shipper.add("out", "first")
+    assert store.put_done.wait(10), "the first line waited for the interval"
+    shipper.add("out", "second")
+    assert len(store.puts) == 1  # the second waits for the interval, or for the end
+    shipper.close()
+    (first, body), (second, _) = store.puts
+    assert second.rpartition("/")[2] == next_chunk_name(0, body.rstrip(b"\n"))
+
+
+def test_a_chunk_that_failed_is_retried_as_it_was(tmp_path):
+    store = _Store(str(tmp_path / "run"), failures=1)
+    shipper = LogShipper(store, "n")
+    shipper.add("out", "first")
+    shipper.flush()
+    shipper.add("out", "second")
+    shipper.flush()
+    assert [key for key, _ in store.puts][:2] == [store.puts[0][0]] * 2 and store.puts[0][1] == store.puts[1][1]
+    assert len(store.puts) == 3 and b"second" in store.puts[2][1]
+
+
+def test_a_local_follower_finds_new_chunks_by_name_without_listing(tmp_path, monkeypatch):
+    info = RunInfo(run_id="r1", backend="local", work_dir=str(tmp_path / "wd"), nodes=["a"], spec_file="",
+                   spec_digest="", created_at=0)
+    shipper = LogShipper(WorkDir(info.run_url), "a")
+    out = io.StringIO()
+    follower = LogFollower(info, out)
+    shipper.add_many([("out", "first", 0)])
+    shipper.flush()
+    assert follower.poll() == 1
+    monkeypatch.setattr(follower.run, "find", lambda prefix: pytest.fail("listed the whole log"))
+    for text in ("second", "third"):
+        shipper.add_many([("out", text, 0)])
+        shipper.flush()
+    assert follower.poll() == 2
+    assert out.getvalue().splitlines() == ["[a r0] first", "[a r0] second", "[a r0] third"]
