@@ -4,7 +4,8 @@ torchrun (through :mod:`launcher.node.torchrun_shim`) gives each training proces
 ``DIR/{id}/attempt_{n}/{local rank}/output-of-rank-{global rank}``, for both its stdout and its
 stderr: lines come out in the order they were written, whichever stream they were written to,
 and the name carries the global rank torchrun gave the process. One thread waits on
-every pipe at once and reads a block the moment it arrives. Lines are shipped in batches; a
+every pipe at once and reads a block the moment it arrives; it must never stop, as a process
+blocks on a full pipe that nobody reads. Lines are shipped in batches; a
 carriage return (progress bars) makes the text after it a ``progress`` record, at most one per
 rank per second, the line's final state kept as a normal line when its newline comes.
 Everything is also written to the node's console.
@@ -92,9 +93,12 @@ class RankLogs:
         for path in sorted(self.log_dir.glob(f"*/attempt_*/*/{PIPE_PREFIX}*")):
             if path in self._opened or not path.parent.name.isdigit():
                 continue
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:  # removed meanwhile with its attempt's directory: nothing to read
+                continue
             self._opened.add(path)
-            pipe = _Pipe(os.open(path, os.O_RDONLY | os.O_NONBLOCK), int(path.parent.name),
-                         int(path.name.removeprefix(PIPE_PREFIX)))
+            pipe = _Pipe(fd, int(path.parent.name), int(path.name.removeprefix(PIPE_PREFIX)))
             self._ranks[pipe.local_rank] = pipe.rank
             self._selector.register(pipe.fd, selectors.EVENT_READ, pipe)
 
@@ -107,8 +111,7 @@ class RankLogs:
         if not block:  # every writer has closed it
             self._end(pipe)
             return False
-        self.console.write(block)
-        self.console.flush()
+        self._echo(block)
         lines = (pipe.pending + block).split(b"\n")
         pipe.pending = lines.pop()
         self.last_output[pipe.local_rank] = time.monotonic()
@@ -117,6 +120,15 @@ class RankLogs:
         if b"\r" in pipe.pending:
             self._progress(pipe)
         return True
+
+    def _echo(self, block: bytes) -> None:
+        """To the node's console. A console that fails must not stop the reading: a pipe nobody reads
+        blocks its training process once full, and the work dir still gets every line."""
+        try:
+            self.console.write(block)
+            self.console.flush()
+        except (OSError, ValueError):
+            pass
 
     def _end(self, pipe: _Pipe) -> None:
         """Stop reading a pipe; a last line without a newline is shipped as it is."""
