@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
 from launcher.gpus import describe
-from launcher.runs.state import all_runs, resolve_run
+from launcher.runs.state import RunInfo, all_runs, resolve_run
 from launcher.runs.view import closing_line, open_run, read_view, record_lost
 from launcher.wording import plural
+
+MAX_CONCURRENT_READS = 16
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -38,7 +41,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
     if view.lost:
         record_lost(view, open_run(info))
     if as_json:
-        json.dump({"run_id": info.run_id, "backend": info.backend, "result": view.result,
+        json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
+                   "result": view.result,
                    "work_dir": info.run_url, "nodes": {n: view.statuses.get(n) for n in info.nodes},
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
                    "stopped_because_of_it": view.victims()},
@@ -54,7 +58,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
                          "-" if record.get("exit_code") is None else str(record["exit_code"]),
                          record.get("address") or "-", _devices(record.get("accelerators")),
                          _age(record.get("updated_at")), record.get("reason") or ""])
-        print(f"run {info.run_id} ({info.backend}): {view.result}")
+        origin = "" if info.recorded else "; not recorded here: its work dir's view"
+        print(f"run {info.run_id} ({info.backend}{origin}): {view.result}")
         print(_table(rows))
         for name in info.nodes:
             accelerators = view.statuses.get(name, {}).get("accelerators") or {}
@@ -88,17 +93,23 @@ def show_config(ref: str | None) -> int:
     return EXIT_OK
 
 
+def _result(info: RunInfo) -> str:
+    try:
+        return read_view(info).result
+    except LauncherError as exc:  # an unreachable work dir must not hide the other runs
+        return f"unknown ({exc})"
+
+
 def list_runs(limit: int) -> int:
     runs = all_runs()[:limit]
     if not runs:
         print("no runs yet; start one with: launcher run -f train.yaml")
         return EXIT_OK
     rows = [["RUN", "BACKEND", "NODES", "CREATED", "RESULT"]]
-    for info in runs:
-        try:
-            result = read_view(info).result
-        except LauncherError as exc:  # an unreachable work dir must not hide the other runs
-            result = f"unknown ({exc})"
+    # Read at once: runs whose store is down then cost one store timeout in all, not one each.
+    with ThreadPoolExecutor(max_workers=min(len(runs), MAX_CONCURRENT_READS)) as pool:
+        results = list(pool.map(_result, runs))
+    for info, result in zip(runs, results):
         rows.append([info.run_id, info.backend, str(len(info.nodes)), _age(info.created_at), result])
     print(_table(rows))
     return EXIT_OK

@@ -99,11 +99,11 @@ class WorkDir:
             # hides chunks written since, and a follower that then sees the final status stops early.
             kwargs["use_listings_cache"] = False
 
-        if self.url.startswith("oci://") and not storage_options:
+        if self.url.startswith("oci://"):
             from launcher.ociauth import ocifs_options
 
             try:
-                kwargs.update(ocifs_options())
+                kwargs = _merged(ocifs_options(), kwargs)
             except LauncherError as exc:
                 raise StoreError(f"work dir {self.url}: {exc}", permanent=True) from None
         try:
@@ -254,6 +254,12 @@ class WorkDir:
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
         _local_replace(local_path, data)
         return True
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Filesystem options: ``extra`` over ``base``, their client settings (``config_kwargs``) merged too."""
+    client = {**base.get("config_kwargs", {}), **extra.get("config_kwargs", {})}
+    return {**base, **extra, **({"config_kwargs": client} if client else {})}
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

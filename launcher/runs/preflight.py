@@ -3,13 +3,16 @@
 The work-dir check writes the run's own record ``run.json`` with create-if-absent: that
 proves the store can be written with this machine's credentials, and refuses a run id that
 was used before in the same work dir. Permanent store errors (missing bucket, read-only
-directory, no credentials) fail at once; transient ones get a few quick retries.
+directory, no credentials) fail at once; transient ones get a few quick retries. The verbs
+that read a run later (status, watch, list, ...) reach its work dir with the same bounds.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
+from typing import Any
 
 from launcher.errors import BackendError, BadInput
 from launcher.node.outputs import OUTPUTS_PREFIX
@@ -17,25 +20,56 @@ from launcher.node.store import StoreError, WorkDir
 from launcher.workdirs import REMOTE_SCHEMES, scheme, unusable_reason
 
 RUN_RECORD = "run.json"
-# The client asks once and reports: the store libraries' own retries (s3fs: 5, with backoff) would
-# keep a user waiting half a minute in silence for an endpoint that is not there.
-QUICK_OPTIONS = {"s3": {"config_kwargs": {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 1}}}}
 QUICK_DEADLINE_SECONDS = 10.0  # for all attempts, and for any one request
+# The read verbs (status, watch, list, ...) use the same bounds with more attempts: a follower reads
+# for hours, and a store's occasional 503 must not end it, while an outage still ends it in seconds.
+READ_ATTEMPTS = 8
 
 
-def quick_work_dir(url: str) -> WorkDir:
+def quick_options(kind: str) -> dict[str, Any] | None:
+    """Store client settings for one quick try per request. The client asks once and reports: the store
+    libraries' own retries (s3fs and botocore: 5 each; the OCI SDK: 8) kept a user waiting 70 to 95 s
+    in silence for an endpoint that is not there."""
+    if kind == "s3":
+        return {"config_kwargs": {"connect_timeout": 5, "read_timeout": 10, "retries": {"total_max_attempts": 1}}}
+    if kind == "oci" and importlib.util.find_spec("oci") is not None:
+        import oci
+
+        return {"config_kwargs": {"timeout": (5, 10), "retry_strategy": oci.retry.NoneRetryStrategy()}}
+    return None
+
+
+def quick_work_dir(url: str, *, attempts: int = 3) -> WorkDir:
     """A client-side view of ``url`` that fails in seconds rather than retrying for a minute."""
-    store = WorkDir(url, attempts=3, base_delay=0.2, max_delay=1.0, fresh_instance=True,
-                    storage_options=QUICK_OPTIONS.get(scheme(url)), deadline=QUICK_DEADLINE_SECONDS,
+    store = WorkDir(url, attempts=attempts, base_delay=0.2, max_delay=1.0, fresh_instance=True,
+                    storage_options=quick_options(scheme(url)), deadline=QUICK_DEADLINE_SECONDS,
                     request_timeout=QUICK_DEADLINE_SECONDS)
     if hasattr(store.fs, "retries"):  # s3fs's own retry count is a class attribute, not an option
         store.fs.retries = 1
     return store
+
+
+def reading_work_dir(url: str) -> WorkDir:
+    """The client's view of a run's work dir for the verbs that read it: gives up within seconds."""
+    return quick_work_dir(url, attempts=READ_ATTEMPTS)
+
+
 INSTALL_HINT = {"s3": "pip install 'launcher[s3]'", "oci": "pip install 'launcher[oci]'"}
+LOCAL_WORK_DIR_HINT = "to run it on this machine with a local work dir instead, add: --set spec.cluster.spec.workDir=./work_dir"
 
 
 def check_work_dir(work_dir: str, run_id: str, record: dict) -> WorkDir:
-    """Create ``{work_dir}/{run_id}/run.json``; raise with the store's own message when that fails."""
+    """Create ``{work_dir}/{run_id}/run.json``; raise with the store's own message when that fails, and
+    for a local run on a store, how to run it with none (specs written for a cloud name their bucket)."""
+    try:
+        return _create_run_record(work_dir, run_id, record)
+    except (BackendError, StoreError) as exc:
+        if record.get("backend") == "local" and scheme(work_dir) in REMOTE_SCHEMES:
+            raise BackendError(f"{exc}\n  {LOCAL_WORK_DIR_HINT}") from None
+        raise
+
+
+def _create_run_record(work_dir: str, run_id: str, record: dict) -> WorkDir:
     kind = scheme(work_dir)
     reason = unusable_reason(work_dir)
     if reason:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
+
+if TYPE_CHECKING:
+    from launcher.node.store import WorkDir
+
+
+RECORD_BACKENDS = ("local", "docker", "oci")  # the backends a run.json may name, besides compose
 
 
 def home() -> Path:
@@ -40,8 +47,15 @@ class RunInfo:
         return f"{self.work_dir.rstrip('/')}/{self.run_id}"
 
     @property
+    def recorded(self) -> bool:
+        """Whether this machine records the run (its info.yaml); not so for a run opened from its work dir."""
+        return bool(self.path)
+
+    @property
     def state_dir(self) -> Path:
-        return Path(self.path).parent
+        """This machine's directory of the run's process facts; for a run it does not record, a directory
+        that holds none (run ids never start with a dot), so no backend acts on another run's."""
+        return Path(self.path).parent if self.recorded else runs_dir() / ".not-recorded"
 
 
 def save(info: RunInfo) -> Path:
@@ -86,21 +100,24 @@ def all_runs() -> list[RunInfo]:
 
 
 def resolve_run(ref: str | None) -> RunInfo:
-    """A run id (or a unique prefix), a path to an info.yaml (or its directory), an OCI job or job run
-    OCID, or None for the latest run."""
+    """A run id (or a unique prefix), a path to an info.yaml (or its directory), a run's work-dir URL or
+    directory (``s3://bucket/prefix/RUN``, ``./work_dir/RUN``), an OCI job or job run OCID, or None for
+    the latest run."""
     if not ref:
         runs = all_runs()
         if not runs:
             raise BadInput(f"no runs recorded in {runs_dir()}; start one with: launcher run -f train.yaml")
         return runs[0]
     candidate = Path(ref)
-    if candidate.is_dir():
+    if candidate.is_dir() and (candidate / "info.yaml").is_file():
         candidate = candidate / "info.yaml"
     if candidate.is_file():
         return load(candidate)
     by_id = runs_dir() / ref / "info.yaml"
     if by_id.is_file():
         return load(by_id)
+    if "://" in ref or candidate.is_dir():
+        return from_work_dir(ref)
     if ref.startswith("ocid1."):  # a job or job run OCID of an OCI run
         owners = [info for info in all_runs() if ref == info.backend_ids.get("job")
                   or ref in (info.backend_ids.get("job_runs") or {}).values()]
@@ -111,5 +128,71 @@ def resolve_run(ref: str | None) -> RunInfo:
         return matches[0]
     if matches:
         raise BadInput(f"'{ref}' matches {len(matches)} runs: {', '.join(m.run_id for m in matches[:5])}")
-    raise BadInput(f"no run '{ref}' (not a run id in {runs_dir()}, nor an info.yaml path)")
+    raise BadInput(f"no run '{ref}' (not a run id in {runs_dir()}, an info.yaml path, nor a run's work dir)")
+
+
+def from_work_dir(ref: str) -> RunInfo:
+    """The run whose work dir is ``ref`` (``{work dir}/{run id}``): this machine's record of it when it has
+    one, else a record built from what the work dir holds, with the backend's process facts unknown."""
+    url = ref.rstrip("/") if "://" in ref else str(Path(ref).resolve())
+    run_id = url.rpartition("/")[2]
+    local = runs_dir() / run_id / "info.yaml"
+    if local.is_file():
+        info = load(local)
+        if _same_place(info.run_url, url):
+            return info
+    info, expected = _info_from_records(url)
+    missing = len(info.nodes) < expected
+    sys.stderr.write(f"note: run {info.run_id} is not recorded on this machine; read from its work dir "
+                     f"(the {info.backend} backend's own view of its processes is not available here)"
+                     + (f"; {len(info.nodes)} of its {expected} nodes have registered so far" if missing else "")
+                     + "\n")
+    return info
+
+
+def _same_place(first: str, second: str) -> bool:
+    return first.removeprefix("file://").rstrip("/") == second.removeprefix("file://").rstrip("/")
+
+
+def _info_from_records(url: str) -> tuple[RunInfo, int]:
+    """A run's record rebuilt from its work dir (run.json, the decision, statuses and registrations), and
+    how many nodes run.json says it has."""
+    from launcher.node.rendezvous import DECISION_KEY
+    from launcher.runs.preflight import RUN_RECORD, reading_work_dir
+
+    run = reading_work_dir(url)
+    record = run.get_record(RUN_RECORD)
+    decision = run.get_record(DECISION_KEY)
+    nodes = _node_names(run, decision.get("ranks"))
+    if not nodes:
+        what = "no node of it has registered yet" if record else f"it holds no {RUN_RECORD} and no node records"
+        raise BadInput(f"no run to show at {url}: {what} (a run's work dir is WORK_DIR/RUN_ID)")
+    processes = decision.get("processes_per_node")
+    created = record.get("created_at")
+    work_dir, _, run_id = url.rpartition("/")
+    backend, backend_ids = _backend_of(record.get("backend"))
+    info = RunInfo(run_id=run_id, work_dir=work_dir, nodes=nodes, spec_file="", spec_digest="", backend=backend,
+                   created_at=float(created) if isinstance(created, (int, float)) else 0.0,
+                   processes_per_node=processes if isinstance(processes, int) else "auto", backend_ids=backend_ids)
+    expected = record.get("nodes")
+    return info, expected if isinstance(expected, int) else len(nodes)
+
+
+def _backend_of(recorded: Any) -> tuple[str, dict[str, Any]]:
+    """The backend that run.json names, and the facts it implies: docker-compose's runs are docker runs
+    whose containers are compose's to remove (``docker-compose down``), not a watcher's."""
+    if recorded == "compose":
+        return "docker", {"compose": "-"}
+    return (recorded if recorded in RECORD_BACKENDS else "local"), {}
+
+
+def _node_names(run: WorkDir, ranks: Any) -> list[str]:
+    """The nodes a run's work dir names (decision, statuses, registrations), in rank order where decided."""
+    from launcher.node.rendezvous import NODES_PREFIX, parse_node_key
+    from launcher.node.status import STATUS_PREFIX
+
+    ranks = {name: rank for name, rank in ranks.items() if isinstance(rank, int)} if isinstance(ranks, dict) else {}
+    names = set(ranks) | {key.removesuffix(".json") for key in run.list(STATUS_PREFIX) if key.endswith(".json")}
+    names |= {listed.name for key in run.list(NODES_PREFIX) if (listed := parse_node_key(key))}
+    return sorted(names, key=lambda name: (ranks.get(name, len(names)), name))
 

@@ -19,6 +19,7 @@ from launcher.node.control import CANCEL, CONTROL_PREFIX, LIMIT, node_label, rec
 from launcher.node.rendezvous import DECISION_KEY
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
+from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo
 from launcher.runs.supervision import console_tail
 
@@ -107,14 +108,16 @@ class RunView:
 
 
 def open_run(info: RunInfo) -> WorkDir:
-    return WorkDir(info.run_url)
+    """The run's work dir as the client's verbs use it: an unreachable store fails them within seconds."""
+    return reading_work_dir(info.run_url)
 
 
 def read_view(info: RunInfo, run: WorkDir | None = None, backend: Backend | None = None) -> RunView:
     from launcher.backends import backend_for
 
     # The backend is asked first: a node that wrote its final status and then exited is seen final.
-    fates = (backend or backend_for(info.backend, "local")).node_fates(info)
+    # A run opened from its work dir alone has no process facts on this machine to ask for.
+    fates = (backend or backend_for(info.backend, "local")).node_fates(info) if info.recorded else {}
     run = run or open_run(info)
     statuses = {}
     for name in info.nodes:

@@ -3,7 +3,8 @@
 Runs under torchrun on any number of nodes and processes: gloo on CPU, nccl on GPU.
 Writes a checkpoint per epoch and the final model to the outputs directory
 (LAUNCHER_OUTPUTS_DIR, set by the launcher node bootstrap, or --output-dir), and
-resumes from the newest checkpoint found there.
+resumes from the newest checkpoint found there. launcher copies that directory to the
+run's work dir, WORK_DIR/RUN_ID/outputs/NODE/, which is where the model is after the run.
 """
 
 from __future__ import annotations
@@ -50,6 +51,19 @@ def parameter_digest(model: nn.Module) -> str:
 def latest_checkpoint(directory: Path) -> Path | None:
     checkpoints = sorted(directory.glob("epoch-*.pt"))
     return checkpoints[-1] if checkpoints else None
+
+
+def kept_at(path: Path, outputs: Path) -> str:
+    """Where a file written to the outputs directory is found after the run.
+
+    launcher copies the directory it gives each node (LAUNCHER_OUTPUTS_DIR) to the run's work dir,
+    WORK_DIR/RUN_ID/outputs/NODE/, and removes it when it was a temporary one; anywhere else the
+    file stays where it was written."""
+    given, work_dir, run_id, node = (os.environ.get(name) for name in (
+        "LAUNCHER_OUTPUTS_DIR", "LAUNCHER_WORK_DIR", "LAUNCHER_RUN_ID", "LAUNCHER_NODE_NAME"))
+    if not (given and work_dir and run_id and node) or Path(given).resolve() != outputs.resolve():
+        return str(path)
+    return f"{work_dir.rstrip('/')}/{run_id}/outputs/{node}/{path.relative_to(outputs).as_posix()}"
 
 
 def evaluate(model: nn.Module, data: TensorDataset, device: torch.device) -> float:
@@ -132,7 +146,7 @@ def main() -> None:
         # Saved from CPU copies: the model loads on any machine, with or without a GPU.
         torch.save({name: tensor.cpu() for name, tensor in model.module.state_dict().items()}, outputs / "model.pt")
         print(f"final test accuracy {accuracy:.4f} ({len(test_set)} held-out digits); "
-              f"model saved to {outputs / 'model.pt'}", flush=True)
+              f"model saved to {kept_at(outputs / 'model.pt', outputs)}", flush=True)
     # Tear down together: a rank that destroys its process group while a peer is still saving can
     # make the peer's gloo threads abort at exit (SIGABRT, seen with torch 2.13 on CPU).
     if use_cuda:

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,12 @@ import yaml
 
 from clirun import run_id_from
 from cluster import write_spec
-from conftest import run_cli
+from conftest import SEED_004, run_cli
 from launcher.backends.local import LocalBackend
 from launcher.commands.watch import LogFollower
 from launcher.node.logship import LogShipper
 from launcher.node.store import StoreError, WorkDir
+from launcher.runs import state
 from launcher.runs.state import RunInfo
 from launcher.spec import load_spec
 
@@ -113,7 +115,7 @@ def test_unreachable_endpoint_fails_in_seconds_with_the_cause(tmp_path, launcher
     monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     spec = write_spec(tmp_path, COUNTING, nodes=2, work_dir="s3://some-bucket/runs")
     result = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
-    _refused(result, launcher_home, "Could not connect")
+    _refused(result, launcher_home, "Could not connect", "--set spec.cluster.spec.workDir=./work_dir")
 
 
 def test_node_that_cannot_reach_its_work_dir_fails_in_seconds_with_the_stores_message(tmp_path):
@@ -169,8 +171,6 @@ def test_records_written_by_a_broken_node_do_not_break_the_readers(tmp_path, lau
     run.put("rendezvous.json", b"\xff\xfe")
     run.put("control/failed.a.json", b"")
     run.put("logs/a/000000~1.000.jsonl", b'{"t": 1, "s": "out", "m": "kept"}\nnot json\n{"t": "x"}\n')
-    from launcher.runs import state
-
     state.save(info)
     status = run_cli("status", "broken-1", "--json")
     assert status.returncode in (0, 1) and "Traceback" not in status.stderr, status.stderr
@@ -238,3 +238,82 @@ def test_permanent_errors_are_told_by_type_and_code_not_by_words_in_a_url():
     wrapped.__cause__ = botocore.exceptions.ClientError({"Error": {"Code": "InvalidAccessKeyId"}}, "PutObject")
     assert is_permanent(wrapped) and is_permanent(botocore.exceptions.NoCredentialsError())
     assert not is_permanent(OSError(5, "cannot reach s3://bucket/AccessDeniedTests/NoSuchBucket/r1"))
+
+
+def _timed_cli(args: tuple[str, ...], env: dict) -> tuple[float, subprocess.CompletedProcess]:
+    started = time.monotonic()
+    done = run_cli(*args, env=env, timeout=60)
+    return time.monotonic() - started, done
+
+
+def _oci_env(tmp_path: Path, endpoint: str) -> dict[str, str]:
+    """A valid OCI API-key config, its service at ``endpoint``."""
+    from ocisim import OciSim
+
+    (tmp_path / "oci").mkdir()
+    sim = OciSim(tmp_path / "oci")
+    sim.stop()
+    return {"OCI_CLI_CONFIG_FILE": str(sim.write_config(tmp_path / "oci")), "LAUNCHER_OCI_ENDPOINT": endpoint}
+
+
+def test_read_verbs_give_up_on_a_store_that_is_down_within_seconds(tmp_path, launcher_home):
+    """Issue 15: `status` was silent for 52 s on an unreachable S3 endpoint, `list` 80 s per such run.
+
+    Every read verb now ends within about 15 s with the store's message, whether the endpoint refuses
+    (nothing listens) or never answers, S3 or OCI, and `list` reads its runs at once."""
+    from s3server import S3_ENV, StallingEndpoint, free_port
+
+    refused = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    for index in range(6):
+        state.save(_info("s3://down-bucket/runs", f"down-{index}", ["a", "b"]))
+    base = {**os.environ, **S3_ENV, "LAUNCHER_HOME": str(launcher_home), "FSSPEC_S3_ENDPOINT_URL": refused}
+    stalled = StallingEndpoint()
+    calls = {
+        "status": ("status", "down-0"),
+        "show-config": ("show-config", "down-1"),
+        "watch": ("watch", "down-2"),
+        "cancel": ("cancel", "down-3"),
+        "status URL": ("status", "s3://down-bucket/runs/elsewhere-1"),
+        "status, stalled": ("status", "down-0"),
+        "list, stalled": ("list",),
+        "status, OCI": ("status", "oci://runs@ns/launcher/r1"),
+    }
+    stalling = {**base, "FSSPEC_S3_ENDPOINT_URL": stalled.endpoint}
+    envs = {"status, stalled": stalling, "list, stalled": stalling, "status, OCI": {**base, **_oci_env(tmp_path, refused)}}
+    try:
+        with ThreadPoolExecutor(len(calls)) as pool:  # at once: the bound is per command, not per test
+            futures = {verb: pool.submit(_timed_cli, args, envs.get(verb, base)) for verb, args in calls.items()}
+            ended = {verb: future.result() for verb, future in futures.items()}
+    finally:
+        stalled.stop()
+    for verb, (seconds, done) in ended.items():
+        # Alone, each ends in 3 to 11 s (a stalled store: its 10 s request timeout); 8 CLIs starting at once
+        # on 2 cores add a few seconds. Read one by one, the 6 stalled runs of `list` take a minute.
+        assert seconds < 25, (verb, seconds)
+        assert "Traceback" not in done.stderr and "unexpected" not in done.stderr, (verb, done.stderr)
+        if verb != "list, stalled":
+            assert done.returncode == 3 and done.stderr.startswith("error: work dir "), (verb, done)
+    errors = {verb: done.stderr for verb, (_, done) in ended.items()}
+    assert "Could not connect" in errors["status"] and "s3://down-bucket/runs/down-0" in errors["status"]
+    assert "FSTimeoutError" in errors["status, stalled"]
+    assert "oci://runs@ns/launcher/r1" in errors["status, OCI"] and "Connection refused" in errors["status, OCI"]
+    listed = ended["list, stalled"][1].stdout.splitlines()[1:]
+    assert len(listed) == 6 and all("unknown (work dir s3://down-bucket/runs/down-" in row and "FSTimeoutError"
+                                    in row for row in listed), listed
+
+
+def test_a_local_run_on_a_store_it_cannot_use_says_how_to_run_it_with_a_local_work_dir(tmp_path, launcher_home):
+    """Issue 15: seed 004 (an oci:// work dir) run locally without OCI credentials said only that it cannot."""
+    spec = tmp_path / "seed004.yaml"
+    spec.write_text(SEED_004.read_text())
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    env = {**os.environ, "OCI_CLI_CONFIG_FILE": str(tmp_path / "no-oci-config")}
+    refused = run_cli("run", "-f", str(spec), "--backend", "local", cwd=tmp_path, env=env)
+    assert refused.returncode == 3, refused.stderr
+    assert "no OCI credentials" in refused.stderr
+    hint = "add: --set spec.cluster.spec.workDir=./work_dir"
+    assert hint in refused.stderr, refused.stderr
+    planned = run_cli("run", "-f", str(spec), "--backend", "local", "--dry-run", "--output", "json",
+                      *hint.split(": ", 1)[1].split(), cwd=tmp_path, env=env)  # what the hint says works
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["work_dir"] == str(tmp_path / "work_dir")
