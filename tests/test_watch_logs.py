@@ -115,7 +115,7 @@ def test_a_line_is_shipped_when_it_arrives_and_its_chunk_names_the_next(tmp_path
     shipper.add("out", "second")  # within the interval: it goes with the next chunk, at the latest on close
     shipper.close()
     (_, body), (second, _) = store.puts
-    assert second.rpartition("/")[2] == next_chunk_name(0, body.rstrip(b"\n"))
+    assert second.rpartition("/")[2] == next_chunk_name(0, body)
 
 
 def test_a_chunk_that_failed_is_retried_as_it_was(tmp_path):
@@ -129,7 +129,7 @@ def test_a_chunk_that_failed_is_retried_as_it_was(tmp_path):
     assert len(store.puts) == 3 and b"second" in store.puts[2][1]
 
 
-def test_a_local_follower_finds_new_chunks_by_name_without_listing(tmp_path, monkeypatch):
+def test_a_local_follower_finds_new_chunks_by_name_without_listing_a_replacement_nodes_too(tmp_path, monkeypatch):
     info = RunInfo(run_id="r1", backend="local", work_dir=str(tmp_path / "wd"), nodes=["a"], spec_file="",
                    spec_digest="", created_at=0)
     shipper = LogShipper(WorkDir(info.run_url), "a")
@@ -139,8 +139,10 @@ def test_a_local_follower_finds_new_chunks_by_name_without_listing(tmp_path, mon
     shipper.flush()
     assert follower.poll() == 1
     monkeypatch.setattr(follower.run, "find", lambda prefix: pytest.fail("listed the whole log"))
-    for text in ("second", "third"):
-        shipper.add_many([("out", text, 0)])
-        shipper.flush()
+    shipper.add_many([("out", "second", 0)])
+    shipper.flush()
+    replacement = LogShipper(WorkDir(info.run_url), "a", continues=True)  # the node, started again
+    replacement.add_many([("out", "third", 0)])
+    replacement.flush()
     assert follower.poll() == 2
     assert out.getvalue().splitlines() == ["[a r0] first", "[a r0] second", "[a r0] third"]

@@ -131,7 +131,7 @@ class LogFollower:
             data = self.run.get(f"{LOGS_PREFIX}/{node}/{name}")
             if data is None:  # not written yet, or listed but not readable yet: keep order, retry next poll
                 return
-            cursor.seq, cursor.name = seq + 1, next_chunk_name(seq, data.rstrip(b"\n").rpartition(b"\n")[2])
+            cursor.seq, cursor.name = seq + 1, next_chunk_name(seq, data)
             yield data
 
     def _records(self, node: str, chunks: Iterable[bytes]) -> Iterator[tuple[float, int, int, str, dict]]:

@@ -39,10 +39,16 @@ def chunk_name(seq: int, after: float) -> str:
     return f"{seq:06d}~{after:.6f}.jsonl"
 
 
-def next_chunk_name(seq: int, last_line: bytes) -> str | None:
-    """The name of the chunk after chunk ``seq`` whose last line is ``last_line``; None if that line is damaged."""
+def next_chunk_name(seq: int, chunk: bytes) -> str | None:
+    """The name of the chunk after chunk ``seq``, whose content is ``chunk``; None if its last line is damaged."""
+    last = last_time(chunk)
+    return None if last is None else chunk_name(seq + 1, last)
+
+
+def last_time(chunk: bytes) -> float | None:
+    """The time of a chunk's last line; None if that line is damaged."""
     try:
-        return chunk_name(seq + 1, float(json.loads(last_line)["t"]))
+        return float(json.loads(chunk.rstrip(b"\n").rpartition(b"\n")[2])["t"])
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -61,9 +67,21 @@ class _Chunk:
     last: float  # the time of its last line: the next chunk's ``after``
 
 
+def _continuation(store: WorkDir, node: str) -> tuple[int, float]:
+    """Where an earlier process of ``node`` left its log: the number and ``after`` of the chunk that follows its
+    last one, so that readers who read that one find the next by name."""
+    names = sorted(name for name in store.list(f"{LOGS_PREFIX}/{node}") if name.endswith(".jsonl"))
+    if not names:
+        return 0, 0.0
+    seq, after = parse_chunk_name(names[-1])
+    last = last_time(store.get(f"{LOGS_PREFIX}/{node}/{names[-1]}") or b"")
+    return seq + 1, (after or 0.0) if last is None else last  # a damaged chunk: readers list to find the next
+
+
 class LogShipper:
     def __init__(self, store: WorkDir, node: str, interval: float | None = None, *, max_lines: int = MAX_CHUNK_LINES,
-                 max_bytes: int = MAX_CHUNK_BYTES):
+                 max_bytes: int = MAX_CHUNK_BYTES, continues: bool = False):
+        """``continues``: this node replaces an earlier process of the same name; its chunks follow that one's."""
         self.store = store
         self.node = node
         self.interval = interval if interval is not None else LOCAL_INTERVAL if store.is_local else STORE_INTERVAL
@@ -73,8 +91,7 @@ class LogShipper:
         self._pending_bytes = 0
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._seq = 0
-        self._after = 0.0
+        self._seq, self._after = _continuation(store, node) if continues else (0, 0.0)
         self._unsent: _Chunk | None = None
         self._stop = threading.Event()
         self._arrived = threading.Event()  # lines are pending
