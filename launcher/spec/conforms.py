@@ -128,6 +128,7 @@ _KEYWORDS: dict[str, Callable[[Any, Any, dict, dict], bool]] = {
     "minimum": _on("number", lambda number, least: number >= least),
     "maximum": _on("number", lambda number, most: number <= most),
     "exclusiveMinimum": _on("number", lambda number, bound: number > bound),
+    "minItems": _on("array", lambda items, least: len(items) >= least),
     "required": _on("object", lambda mapping, names: all(name in mapping for name in names)),
     "properties": _properties,
     "additionalProperties": _additional,

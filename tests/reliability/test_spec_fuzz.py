@@ -131,6 +131,7 @@ _CLUSTER = ("spec", "cluster", "spec")
     (("spec", "infrastructure", "spec", "shapeConfigDetails"), {"ocpus": 0}),  # exclusiveMinimum
     (("spec", "runtime", "spec", "kwargs"), {"lr": [1]}), (("spec", "runtime", "spec", "kwargs"), "--lr 1"),
     (("spec", "runtime", "spec", "module"), "pkg.train"), (("kind",), "Distributed"), (_CLUSTER + ("workDir",), ""),
+    (_CLUSTER + ("recovery",), {"retryOn": []}), (_CLUSTER + ("recovery",), {"retryOn": [3]}),  # minItems
 ])
 def test_the_quick_schema_check_agrees_with_jsonschema_at_each_keywords_edge(path, value):
     mutated = _mutate(VALID[0], path, "replace", value, "")
