@@ -27,19 +27,3 @@ def duplicates(names: Sequence[str]) -> list[str]:
     seen: set[str] = set()
     return sorted({name for name in names if name in seen or seen.add(name)})
 
-
-def from_service(groups: Sequence[tuple[str, int]], group: str, rank: int) -> str:
-    """The node a multi-node service started as ``rank`` (0..N-1 over all groups, in group order) of ``group``.
-
-    Used where one env serves every node of a group (OCI Data Science multi-node jobs set
-    NODE_GROUP_NAME and NODE_RANK), so the node must work out its own name.
-    """
-    offset = 0
-    for index, (name, replicas) in enumerate(groups):
-        if name == group:
-            if not offset <= rank < offset + replicas:
-                raise ValueError(f"rank {rank} is not one of group {group}'s ranks {offset}..{offset + replicas - 1}")
-            names = expand([(name, replicas)]) if index == 0 else [f"{name}-{i}" for i in range(replicas)]
-            return names[rank - offset]
-        offset += replicas
-    raise ValueError(f"no node group named {group!r} (groups: {', '.join(name for name, _ in groups)})")

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from launcher.errors import BackendError
 
 AUTH_METHODS = ("api_key", "security_token", "resource_principal", "instance_principal")
-SERVICES = ("dataScience", "objectStorage", "logging")
+SERVICES = ("dataScience", "objectStorage", "logging", "virtualNetwork")  # virtualNetwork: nodes read their subnet
 # Set by the client in the nodes' env when Object Storage is not at the SDK's default endpoint.
 NODE_OBJECT_STORAGE_ENDPOINT = "LAUNCHER_OCI_OBJECT_STORAGE_ENDPOINT"
 

@@ -1,15 +1,23 @@
 """A simulation of the OCI services launcher uses, at the wire, that really runs the nodes.
 
-One HTTP server on 127.0.0.1 serves Data Science (jobs, job runs), Object Storage (objects) and
-Logging search, as the ``oci`` SDK and ocifs call them (``LAUNCHER_OCI_ENDPOINT`` points every
-client here). It checks what the real service would: every request signed (the RSA signature
-over the listed headers verified with the caller's public key, ``x-content-sha256`` matching the
-body), unknown or missing fields, discriminators, and the documented env and command limits.
+One HTTP server on 127.0.0.1 serves Data Science (jobs, job runs), Object Storage (objects),
+Logging search and the subnet lookup of Networking, as the ``oci`` SDK and ocifs call them
+(``LAUNCHER_OCI_ENDPOINT`` points every client here). It checks what the real service would:
+every request signed (the RSA signature over the listed headers verified with the caller's
+public key, ``x-content-sha256`` matching the body), unknown or missing fields, discriminators,
+and the documented env and command limits.
 
-A created job run really runs its nodes as local processes with the env the service sets
-(``NODE_RANK``, ``NODE_GROUP_NAME``, ``JOB_RUN_OCID``, the cluster interface variables, a
-resource principal), moves through ACCEPTED, IN_PROGRESS and SUCCEEDED/FAILED/CANCELED, and
-keeps each node's output for Logging search. Faults on demand: :meth:`OciSim.fail`.
+It follows independent sources, not launcher: the SDK's models and docstrings
+(``oci/data_science/models/``), Oracle ADS, which runs multi-node jobs on the real service
+(``oracle/accelerated-data-science``: ``ads/jobs/templates/driver_pytorch.py``,
+``ads/jobs/builders/infrastructure/dsc_job.py``, ``ads/common/oci_logging.py``), and OCI's
+documentation pages. Each simulated behaviour names its source where it is implemented.
+
+A created job run really runs its nodes as local processes with the env the service sets (its
+OCIDs and a resource principal the nodes sign with; in multi-node runs ``NODE_RANK``,
+``INITIAL_CLUSTER_SIZE`` and ``CLUSTER_NODES_METADATA_FILE``, nothing else), moves through
+ACCEPTED, IN_PROGRESS and SUCCEEDED/FAILED/CANCELING/CANCELED, and keeps each node's output for
+Logging search. Faults and timing on demand: :meth:`OciSim.fail` and the attributes set in ``__init__``.
 """
 
 from __future__ import annotations
@@ -142,7 +150,7 @@ class Node:
     group: str
     env: dict[str, str]
     process: subprocess.Popen | None = None
-    output: list[str] = field(default_factory=list)
+    output: list[tuple[float, str]] = field(default_factory=list)  # (when written, line)
     exit_code: int | None = None
 
 
@@ -156,7 +164,10 @@ class JobRun:
     nodes: list[Node] = field(default_factory=list)
     groups: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (state, details)
     created: float = field(default_factory=time.time)
+    started: float | None = None
     finished: float | None = None
+    cancelled: float | None = None  # when a cancel was asked for
+    log: dict[str, str] = field(default_factory=dict)  # logDetails: logGroupId, logId
 
 
 class OciSim:
@@ -175,6 +186,22 @@ class OciSim:
         self.lost_answers: list[tuple[str, str]] = []  # (method, path regex): done, then answered 500 once
         self.created_by_token: dict[str, dict[str, Any]] = {}  # opc-retry-token -> what it created
         self.dying: dict[str, str] = {}  # node name -> "never_starts" | "dies"
+        self.refusals: list[tuple[str, str, int, str]] = []  # (method, path, status, code) of every refused request
+        self.served_states: list[tuple[str, str]] = []  # (job run id, lifecycle state) as GET jobRuns/{id} answered
+        # Multi-node runs: where the nodes are on the cluster network, and whether the metadata file is held back
+        # for the test to write (write_metadata) as late and as incomplete as it likes: ADS waits for a file that
+        # may be missing or incomplete when a node starts (driver_pytorch.py Runner.read_metadata).
+        self.node_address = "127.0.0.1"
+        self.metadata_held = False
+        # NODE_RANK in a job with several node groups: how it counts there is documented nowhere ("per_group"
+        # or "global"); in one node group it is 0..N-1 (ADS reads it so, rank 0 the host).
+        self.rank_numbering = "per_group"
+        self.subnet_cidr = "127.0.0.0/8"
+        self.cancel_seconds = 0.5  # a cancelled run stays CANCELING at least this long
+        self.log_delay = 0.0  # seconds before a line written by a node can be found in Logging
+        self.search_page = 1000  # results per Logging page (at most the request's limit)
+        self.search_too_large: int | None = None  # more results than this in one window: 400 "too large"
+        self.node_env: dict[str, str] = {}  # extra env for every node: test settings, not something the service sets
         self.lock = threading.RLock()
         self.ids = itertools.count(1)
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -245,6 +272,8 @@ class OciSim:
                 except Refused as refusal:
                     status, headers = refusal.status, {}
                     payload = {"code": refusal.code, "message": refusal.message}
+                    with sim.lock:
+                        sim.refusals.append((self.command, self.path, refusal.status, refusal.code))
                 raw = payload if isinstance(payload, bytes) else (
                     b"" if payload is None else json.dumps(payload).encode())
                 self.send_response(status)
@@ -354,11 +383,7 @@ class OciSim:
             if job is None:
                 raise Refused(404, "NotAuthorizedOrNotFound", f"job {found[1]} not found")
             if method == "DELETE":
-                job["lifecycleState"] = "DELETED"
-                for run in self.runs.values():
-                    if run.job is job:
-                        self._cancel(run)
-                return 204, None, {}
+                return self._delete_job(job, query)
             return 200, job, {"etag": "1"}
         if path == "/20190101/jobRuns" and method == "GET":
             if "compartmentId" not in query:
@@ -383,9 +408,16 @@ class OciSim:
             if found[2] and method == "POST":
                 self._cancel(run)
                 return 202, None, {}
-            return 200, self._run_view(run), {"etag": "1"}
+            view = self._run_view(run)
+            with self.lock:
+                self.served_states.append((run.id, view["lifecycleState"]))
+            return 200, view, {"etag": "1"}
         if path == "/20190909/search" and method == "POST":
-            return 200, self._search(data), {}
+            return self._search(data, query)
+        if (found := re.fullmatch(r"/20160918/subnets/([^/]+)", path)) and method == "GET":
+            # Networking's GetSubnet, which ADS calls to learn the subnet's CIDR (driver_pytorch.py find_self_ip).
+            return 200, {"id": found[1], "cidrBlock": self.subnet_cidr, "compartmentId": "ocid1.compartment.oc1..sim",
+                         "vcnId": "ocid1.vcn.oc1.iad.sim", "lifecycleState": "AVAILABLE"}, {"etag": "1"}
         raise Refused(404, "NotFound", f"{method} {path} is not served by this simulation")
 
     # -- Object Storage ------------------------------------------------------------------------------
@@ -445,41 +477,73 @@ class OciSim:
             self.jobs[job_id] = job
         return job
 
+    def _delete_job(self, job: dict[str, Any], query: dict[str, str]) -> tuple[int, Any, dict]:
+        """The service refuses to delete a job while its runs are in progress (ADS, dsc_job.py DSCJob.delete:
+        "the deletion fails when associated job runs are in progress"); 409 IncorrectState is how OCI's API
+        answers a request that conflicts with a resource's state."""
+        with self.lock:
+            runs = [run for run in self.runs.values() if run.job is job]
+            busy = [run.id for run in runs if run.state not in ("SUCCEEDED", "FAILED", "CANCELED", "DELETED")]
+            if busy:
+                raise Refused(409, "IncorrectState", f"job {job['id']} has job runs in progress: {', '.join(busy)}")
+            job["lifecycleState"] = "DELETED"
+            if query.get("deleteRelatedJobRuns") == "true":
+                for run in runs:
+                    run.state = "DELETED"
+        return 204, None, {}
+
     def _create_run(self, body: dict[str, Any]) -> dict[str, Any]:
         job = self.jobs.get(body["jobId"])
         if job is None or job["lifecycleState"] != "ACTIVE":
             raise Refused(404, "NotAuthorizedOrNotFound", f"job {body['jobId']} not found or not active")
-        run = JobRun(f"ocid1.datasciencejobrun.oc1.iad.sim{next(self.ids)}", job, body)
+        run = JobRun(f"ocid1.datasciencejobrun.oc1.iad.sim{next(self.ids)}", job, body, log=self._log_of(job))
         with self.lock:
             self.runs[run.id] = run
         threading.Thread(target=self._execute, args=(run,), daemon=True).start()
         return self._run_view(run)
+
+    def _log_of(self, job: dict[str, Any]) -> dict[str, str]:
+        """A job run's logDetails: the job's log, or one the service creates in the job's log group when the job
+        names only the group (enableAutoLogCreation; JobRun.log_details in the SDK)."""
+        config = job.get("jobLogConfigurationDetails") or {}
+        if not config.get("enableLogging") or not config.get("logGroupId"):
+            return {}
+        log_id = config.get("logId") if not config.get("enableAutoLogCreation") else \
+            f"ocid1.log.oc1.iad.simauto{next(self.ids)}"
+        return {"logGroupId": config["logGroupId"], "logId": log_id}
 
     def _run_view(self, run: JobRun) -> dict[str, Any]:
         view = {"id": run.id, "jobId": run.job["id"], "projectId": run.body["projectId"],
                 "compartmentId": run.body["compartmentId"], "displayName": run.body.get("displayName"),
                 "lifecycleState": run.state, "lifecycleDetails": run.details, "timeAccepted": _iso(run.created),
                 "createdBy": USER, "freeformTags": run.body.get("freeformTags", {}),
-                **({"timeFinished": _iso(run.finished)} if run.finished else {})}
+                **({"timeStarted": _iso(run.started)} if run.started else {}),
+                **({"timeFinished": _iso(run.finished)} if run.finished else {}),
+                **({"logDetails": run.log} if run.log else {})}
         if run.groups:
             view["nodeGroupDetailsList"] = [{"name": name, "lifecycleState": state, "lifecycleDetails": details}
                                             for name, (state, details) in run.groups.items()]
         return view
 
-    def _node_plan(self, run: JobRun) -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
-        """(group, node label, env, container) per node, as the service would start them."""
+    def _node_plan(self, run: JobRun) -> list[tuple[str, int, str, dict[str, str], dict[str, Any]]]:
+        """(group, NODE_RANK, node label, env, container) per node, as the service would start them."""
         job = run.job
         multi = job.get("jobNodeConfigurationDetails")
         if multi:
-            return [(group["name"], f"{group['name']}#{index}",
-                     dict(group["jobConfigurationDetails"].get("environmentVariables", {})),
-                     group["jobEnvironmentConfigurationDetails"])
-                    for group in multi["jobNodeGroupConfigurationDetailsList"] for index in range(group["replicas"])]
+            groups = multi["jobNodeGroupConfigurationDetailsList"]
+            plan = []
+            for group in groups:
+                for index in range(group["replicas"]):
+                    rank = index if self.rank_numbering == "per_group" and len(groups) > 1 else len(plan)
+                    plan.append((group["name"], rank, f"{group['name']}#{index}",
+                                 dict(group["jobConfigurationDetails"].get("environmentVariables", {})),
+                                 group["jobEnvironmentConfigurationDetails"]))
+            return plan
         env = {**job["jobConfigurationDetails"].get("environmentVariables", {}),
                **run.body.get("jobConfigurationOverrideDetails", {}).get("environmentVariables", {})}
         container = (run.body.get("jobEnvironmentConfigurationOverrideDetails")
                      or job["jobEnvironmentConfigurationDetails"])
-        return [("", env.get("LAUNCHER_NODE_NAME", run.id), env, container)]
+        return [("", 0, env.get("LAUNCHER_NODE_NAME", run.id), env, container)]
 
     def _execute(self, run: JobRun) -> None:
         plan = self._node_plan(run)
@@ -487,39 +551,69 @@ class OciSim:
         if multi:
             run.groups = {group: ("CREATING", "") for group, *_ in plan}
         metadata = self.workdir / f"{run.id}-nodes.json"
-        metadata.write_text(json.dumps([{"Rank": rank, "IPAddress": "127.0.0.1"} for rank in range(len(plan))]))
-        for rank, (group, label, env, container) in enumerate(plan):
+        for group, rank, label, env, container in plan:
             code_dir = self.images.get(container["image"])
-            if code_dir is None or self.dying.get(env.get("LAUNCHER_NODE_NAME", label)) == "never_starts" or \
-                    self.dying.get(f"{group}#{rank}") == "never_starts":
+            if code_dir is None or self.dying.get(env.get("LAUNCHER_NODE_NAME", label)) == "never_starts":
                 self._finish(run, "FAILED", f"image {container['image']} could not be pulled for node {label}: "
                              "manifest unknown", group or None)
                 return
-            node = Node(label, rank, group, self._service_env(run, rank, group, len(plan), metadata) | env)
+            node = Node(label, rank, group, self._service_env(run, len(run.nodes), multi, rank, len(plan), metadata)
+                        | env | self.node_env)
             argv = [sys.executable if part == "python" else part for part in container.get("entrypoint", []) +
                     container.get("cmd", [])]
             node.process = subprocess.Popen(argv, cwd=code_dir, env=node.env, stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, start_new_session=True)
             run.nodes.append(node)
             threading.Thread(target=self._pump, args=(node,), daemon=True).start()
+        if multi and not self.metadata_held:
+            self.write_metadata(run)
         with self.lock:
             if run.state == "ACCEPTED":
-                run.state = "IN_PROGRESS"
+                run.state, run.started = "IN_PROGRESS", time.time()
                 run.groups = {group: ("ACTIVE", "") for group in run.groups}
-        for node in run.nodes:
-            node.exit_code = node.process.wait()
-        failed = [node for node in run.nodes if node.exit_code != 0]
+            elif run.state == "CANCELING":  # cancelled while its nodes were being started
+                self._stop_nodes(run)
+        ended = []  # in the order the nodes exit: the first failure is the one the service reports
+        waiters = [threading.Thread(target=self._wait, args=(node, ended)) for node in run.nodes]
+        for waiter in waiters:
+            waiter.start()
+        for waiter in waiters:
+            waiter.join()
+        failed = [node for node in ended if node.exit_code != 0]
         if run.state in ("CANCELING", "CANCELED"):
+            time.sleep(max(0.0, (run.cancelled or 0) + self.cancel_seconds - time.time()))
             self._finish(run, "CANCELED", "canceled by the user", None)
         elif failed:
-            self._finish(run, "FAILED", "; ".join(f"node {n.name} exited with code {n.exit_code}" for n in failed),
+            # How the service states a failed run's exit code (ADS reads "exit code N" from lifecycleDetails:
+            # dsc_job.py DataScienceJobRun.exit_code; the wording is that of ADS's tests, test_jobs_run.py).
+            self._finish(run, "FAILED", f"Job run artifact execution failed with exit code {failed[0].exit_code}.",
                          failed[0].group or None)
         else:
             self._finish(run, "SUCCEEDED", "", None)
 
-    def _service_env(self, run: JobRun, rank: int, group: str, size: int, metadata: Path) -> dict[str, str]:
+    def _wait(self, node: Node, ended: list[Node]) -> None:
+        status = node.process.wait()
+        node.exit_code = 128 - status if status < 0 else status  # a container killed by signal N exits 128+N
+        with self.lock:
+            ended.append(node)
+
+    def write_metadata(self, run: JobRun, count: int | None = None) -> None:
+        """CLUSTER_NODES_METADATA_FILE: a JSON list of {"Rank", "IPAddress"} (ADS's DTv2 constants), of the
+        first ``count`` nodes (None: all)."""
+        entries = [{"Rank": node.rank, "IPAddress": self.node_address} for node in run.nodes]
+        path = self.workdir / f"{run.id}-nodes.json"
+        partial = path.with_suffix(".tmp")
+        partial.write_text(json.dumps(entries[:count] if count is not None else entries))
+        partial.replace(path)
+
+    def _service_env(self, run: JobRun, index: int, multi: bool, rank: int, size: int,
+                     metadata: Path) -> dict[str, str]:
+        """What the service sets: the job run's OCIDs and a resource principal (OCI's "Job Environment
+        Variables" page; ADS signs with OCI_RESOURCE_PRINCIPAL_VERSION), and in multi-node runs NODE_RANK,
+        INITIAL_CLUSTER_SIZE and CLUSTER_NODES_METADATA_FILE (what ADS's driver_pytorch.py reads). No node
+        group name and no socket interface variables: no source documents either."""
         key = new_key()
-        jti = f"{run.id}-{rank}"
+        jti = f"{run.id}-{index}"
         claims = {"res_tenant": TENANCY, "res_compartment": run.body["compartmentId"], "jti": jti,
                   "exp": int(time.time()) + 3600, "iat": int(time.time())}
         header = _b64url(json.dumps({"alg": "none", "typ": "JWT"}).encode())
@@ -534,18 +628,15 @@ class OciSim:
                "PROJECT_OCID": run.body["projectId"], "JOB_RUN_COMPARTMENT_OCID": run.body["compartmentId"],
                "OCI_RESOURCE_PRINCIPAL_VERSION": "2.2", "OCI_RESOURCE_PRINCIPAL_RPST": token,
                "OCI_RESOURCE_PRINCIPAL_PRIVATE_PEM": str(pem_file), "OCI_RESOURCE_PRINCIPAL_REGION": REGION}
-        # This simulated host's network between nodes is loopback (the real service names its cluster
-        # interface here in multi-node runs; per-node runs use their subnet's, the default route's).
-        env.update({"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo", "JR_SOCKET_IFNAME": "lo"})
-        if group:
-            env.update({"NODE_RANK": str(rank), "NODE_GROUP_NAME": group, "INITIAL_CLUSTER_SIZE": str(size),
+        if multi:
+            env.update({"NODE_RANK": str(rank), "INITIAL_CLUSTER_SIZE": str(size),
                         "CLUSTER_NODES_METADATA_FILE": str(metadata)})
         return env
 
     def _pump(self, node: Node) -> None:
         for raw in node.process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
-            node.output.append(line)
+            node.output.append((time.time(), line))
             if self.dying.get(node.env.get("LAUNCHER_NODE_NAME", node.name)) == "dies" and " epoch " in line:
                 os.killpg(node.process.pid, signal.SIGKILL)
 
@@ -556,24 +647,52 @@ class OciSim:
                                  ("DELETED" if state != "FAILED" else "ACTIVE", "")) for name in run.groups}
 
     def _cancel(self, run: JobRun) -> None:
+        """CANCELING until its nodes have stopped (and ``cancel_seconds`` have passed), then CANCELED."""
         with self.lock:
-            if run.state in ("SUCCEEDED", "FAILED", "CANCELED"):
+            if run.state in ("SUCCEEDED", "FAILED", "CANCELED", "DELETED"):
                 return
-            run.state = "CANCELING"
-            for node in run.nodes:
-                if node.process and node.process.poll() is None:
-                    os.killpg(node.process.pid, signal.SIGTERM)
+            run.state, run.cancelled = "CANCELING", time.time()
+            self._stop_nodes(run)
+
+    def _stop_nodes(self, run: JobRun) -> None:
+        for node in run.nodes:
+            if node.process and node.process.poll() is None:
+                os.killpg(node.process.pid, signal.SIGTERM)
 
     # -- Logging -------------------------------------------------------------------------------------
-    def _search(self, data: dict[str, Any]) -> dict[str, Any]:
-        found = re.search(r"source = '\*([^']+)'", data.get("searchQuery", ""))
-        run = self.runs.get(found[1]) if found else None
-        results = []
-        for node in run.nodes if run else []:
-            for line in node.output:
-                results.append({"data": {"datetime": int(time.time() * 1000), "logContent": {
-                    "data": {"message": line}, "source": run.id, "type": "com.oraclecloud.datascience.jobrun.stdout"}}})
-        return {"results": results, "summary": {"resultCount": len(results), "fieldCount": 0}}
+    def _search(self, data: dict[str, Any], query: dict[str, str]) -> tuple[int, Any, dict]:
+        """SearchLogs as ADS meets it (ads/common/oci_logging.py): a window of at most 14 days, pages of at most
+        the request's limit (1,000), 400 "search result is too large" for a window holding too much; lines become
+        searchable only some time after they were written (ADS reads on 90 s after a run ends, dsc_job.py)."""
+        start, end = (_parse_time(data.get(name, "")) for name in ("timeStart", "timeEnd"))
+        if not start < end or end - start > 14 * 24 * 3600:
+            raise Refused(400, "InvalidParameter", "timeStart must be before timeEnd, at most 14 days earlier")
+        found = re.search(r'search "([^"]+)/([^"/]+)/([^"/]+)" \| where source = \'\*([^\']+)\'',
+                          data.get("searchQuery", ""))
+        run = self.runs.get(found[4]) if found else None
+        if run is None or run.log != {"logGroupId": found[2], "logId": found[3]}:
+            return 200, {"results": [], "summary": {"resultCount": 0, "fieldCount": 0}}, {}
+        visible = time.time() - self.log_delay
+        lines = sorted((at, line) for node in run.nodes for at, line in node.output
+                       if start <= at < end and at <= visible)
+        if self.search_too_large is not None and len(lines) > self.search_too_large:
+            raise Refused(400, "InvalidParameter", "The search result is too large. Please narrow the time range.")
+        first = int(query.get("page", "0"))
+        size = min(int(query.get("limit", "100")), self.search_page)
+        results = [{"data": {"datetime": int(at * 1000), "logContent": {
+            "data": {"message": line}, "source": run.id, "type": "com.oraclecloud.datascience.jobrun.stdout"}}}
+            for at, line in lines[first:first + size]]
+        more = {"opc-next-page": str(first + size)} if first + size < len(lines) else {}
+        return 200, {"results": results, "summary": {"resultCount": len(results), "fieldCount": 0}}, more
+
+
+def _parse_time(text: str) -> float:
+    import datetime
+
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise Refused(400, "InvalidParameter", f"not an RFC 3339 time: {text!r}") from None
 
 
 def _iso(stamp: float) -> str:

@@ -66,7 +66,7 @@ def test_ads_documentation_example_dry_runs_unchanged():
     assert [r["operation"] for r in json.loads(done.stdout)["requests"]] == ["create_job", "create_job_run"]
 
 
-def test_oci_native_dry_run_has_one_job_with_a_node_group_per_spec_group():
+def test_oci_native_dry_run_has_one_job_whose_node_group_holds_the_cluster():
     done = run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
@@ -75,11 +75,12 @@ def test_oci_native_dry_run_has_one_job_with_a_node_group_per_spec_group():
     assert nodes["jobNetworkConfiguration"] == {"jobNetworkType": "CUSTOM_NETWORK",
                                                 "subnetId": "oci.xxxx.<subnet-ocid>"}
     groups = nodes["jobNodeGroupConfigurationDetailsList"]
-    assert [(g["name"], g["replicas"], g["minimumSuccessReplicas"]) for g in groups] == [
-        ("PyTorch-Distributed-main", 1, 1), ("PyTorch-Distributed-worker", 2, 2)]
-    for group in groups:  # one env per group: each node works out its name from NODE_GROUP_NAME and NODE_RANK
+    # main and workers differ only in their names: one node group, as ADS makes it (NODE_RANK 0 is the main)
+    assert [(g["name"], g["replicas"], g["minimumSuccessReplicas"]) for g in groups] == [("PyTorch-Distributed", 3, 3)]
+    for group in groups:  # one env per group: each node works out its name from LAUNCHER_NODE_GROUP and NODE_RANK
         env = group["jobConfigurationDetails"]["environmentVariables"]
         assert "LAUNCHER_NODE_NAME" not in env and env["LAUNCHER_RUN_ID"] == data["run_id"]
+        assert json.loads(env["LAUNCHER_NODE_GROUP"]) == ["PyTorch-Distributed-main", "PyTorch-Distributed-worker"]
         assert group["jobInfrastructureConfigurationDetails"]["jobInfrastructureType"] == "MULTI_NODE"
     assert "launch mode native" in " ".join(data["notes"])
 

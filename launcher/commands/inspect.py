@@ -35,6 +35,12 @@ def _devices(accelerators: dict | None) -> str:
     return f"{accelerators['count']} GPU" if accelerators.get("count") else "CPU"
 
 
+def _address(record: dict) -> str:
+    """The address a node advertised, with the interface that holds it where the node named one."""
+    address = record.get("address") or "-"
+    return f"{address} ({record['interface']})" if record.get("interface") else address
+
+
 def status(ref: str | None, *, as_json: bool) -> int:
     info = resolve_run(ref)
     view = read_view(info)
@@ -56,7 +62,7 @@ def status(ref: str | None, *, as_json: bool) -> int:
             rank = view.rank_of(name)
             rows.append([name, "-" if rank is None else str(rank), record.get("state", "pending"),
                          "-" if record.get("exit_code") is None else str(record["exit_code"]),
-                         record.get("address") or "-", _devices(record.get("accelerators")),
+                         _address(record), _devices(record.get("accelerators")),
                          _age(record.get("updated_at")), record.get("reason") or ""])
         origin = "" if info.recorded else "; not recorded here: its work dir's view"
         print(f"run {info.run_id} ({info.backend}{origin}): {view.result}")

@@ -29,7 +29,7 @@ from launcher.node.cause import describe as describe_cause
 from launcher.node.control import ControlWatch, StopRequest, record_failure, record_limit
 from launcher.node.exits import signal_name
 from launcher.node.logship import LogShipper
-from launcher.node.netutil import free_port, own_address
+from launcher.node.netutil import free_port, node_address
 from launcher.node.ranklogs import RankLogs
 from launcher.node.rendezvous import (DECISION_KEY, Decision, RendezvousError, RendezvousStopped,
                                       RendezvousTimeout, Registration, await_decision)
@@ -135,10 +135,12 @@ class Node:
         gpus = visible_gpus()
         self.status.update(state="registering", accelerators=accelerator_report(gpus))
         self.processes = self._processes(len(gpus))
-        address = own_address()
+        chosen = node_address(timeout=settings.rendezvous_timeout, say=self.say)
+        address = chosen.address
         port = settings.master_port or free_port(address)
-        self.status.update(state="waiting", address=address, outputs_dir=settings.outputs_dir,
-                           outputs_temporary=settings.outputs_temporary, processes=self.processes)
+        self.status.update(state="waiting", address=address, interface=chosen.interface,
+                           outputs_dir=settings.outputs_dir, outputs_temporary=settings.outputs_temporary,
+                           processes=self.processes)
         devices = plural(len(gpus), "GPU") if gpus else "no GPU"
         self.say(f"registering in {settings.run_url} as {address}:{port} ({plural(self.processes, 'training process')}, "
                  f"{devices}); waiting for {plural(len(settings.nodes), 'node')}")

@@ -6,9 +6,11 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from launcher import node_names
+from launcher.node import identity
+from launcher.node.store import StoreError
 
 
 class SettingsError(Exception):
@@ -52,12 +54,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
         run_id = need("LAUNCHER_RUN_ID")
         groups = [(str(name), int(count)) for name, count in json.loads(need("LAUNCHER_NODE_GROUPS"))]
         nodes = tuple(node_names.expand(groups))
-        if env.get("LAUNCHER_NODE_NAME"):
-            node = env["LAUNCHER_NODE_NAME"]
-        elif env.get("NODE_GROUP_NAME") and env.get("NODE_RANK"):  # a service that shares one env per group
-            node = node_names.from_service(groups, env["NODE_GROUP_NAME"], int(env["NODE_RANK"]))
-        else:
-            node = need("LAUNCHER_NODE_NAME")
+        node = env.get("LAUNCHER_NODE_NAME") or _service_node(env, groups, need)
         if node not in nodes:
             raise SettingsError(f"LAUNCHER_NODE_NAME {node!r} is not a node of LAUNCHER_NODE_GROUPS "
                                 f"({len(nodes)} nodes)")
@@ -88,6 +85,18 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
         )
     except (ValueError, TypeError) as exc:
         raise SettingsError(f"malformed LAUNCHER_* variable: {exc}") from None
+
+
+def _service_node(env: Mapping[str, str], groups: list[tuple[str, int]], need: Callable[[str], str]) -> str:
+    """The name of a node that a service started from its group's shared env (OCI multi-node jobs): see
+    :mod:`launcher.node.identity`."""
+    if not env.get(identity.NODE_GROUP):
+        return need("LAUNCHER_NODE_NAME")
+    try:
+        run_url = f"{need('LAUNCHER_WORK_DIR').rstrip('/')}/{need('LAUNCHER_RUN_ID')}"
+        return identity.service_node(env, groups, run_url)
+    except (identity.IdentityError, StoreError) as exc:
+        raise SettingsError(f"this node could not tell which node it is: {exc}") from None
 
 
 def _processes(text: str) -> int | None:

@@ -8,12 +8,14 @@ service knows of each node (its lifecycle, why it never started) is merged into 
 from __future__ import annotations
 
 import datetime
+import sys
 import time
 from typing import Any
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
-from launcher.backends.oci import bodies
+from launcher.backends.oci import bodies, logs
 from launcher.errors import BadInput
+from launcher.node.ocicluster import NETWORK_ENDPOINT, SUBNET
 from launcher.ociauth import NODE_OBJECT_STORAGE_ENDPOINT, endpoint
 from launcher.plan import Plan
 from launcher.runs.state import RunInfo
@@ -30,6 +32,9 @@ def _infra(spec: Spec) -> DataScienceJobInfra:
 # How often a following client asks the service about a run: `watch` reads the work dir 4 times a
 # second, and the service's lifecycle changes far slower (and its API has rate limits).
 SERVICE_POLL_SECONDS = 10.0
+# The main's port where the spec sets none: the port ADS and its documentation use for PyTorch, so the
+# security lists written for ADS jobs let it through (the spec's `port` still decides; 0: a free one).
+DEFAULT_PORT = 29400
 
 
 class OciBackend(Backend):
@@ -38,10 +43,25 @@ class OciBackend(Backend):
 
     def __init__(self) -> None:
         self._asked: dict[str, tuple[float, dict[str, NodeFate]]] = {}  # run id -> (when, fates)
+        self._logged: dict[str, logs.Output] = {}  # job run id -> what Logging held once it had settled
 
     def node_env_extra(self, spec: Spec) -> dict[str, str]:
-        url = endpoint("objectStorage", dict(_infra(spec).endpoints))
-        return {NODE_OBJECT_STORAGE_ENDPOINT: url} if url else {}
+        infra = _infra(spec)
+        extra = {}
+        if "port" not in spec.data.get("spec", {}).get("cluster", {}).get("spec", {}):
+            extra["LAUNCHER_MASTER_PORT"] = str(DEFAULT_PORT)
+        if bodies.launch_mode(infra) == "perNode" and infra.subnet_id and spec.cluster.node_count > 1:
+            extra[SUBNET] = infra.subnet_id  # its CIDR tells each node which of its interfaces is on the subnet
+            extra[NETWORK_ENDPOINT] = endpoint("virtualNetwork", dict(infra.endpoints)) or ""
+        extra[NODE_OBJECT_STORAGE_ENDPOINT] = endpoint("objectStorage", dict(infra.endpoints)) or ""
+        return {name: value for name, value in extra.items() if value}
+
+    def built_image(self, spec: Spec) -> str | None:
+        """The pushed image as the service documents references: ``REGION.ocir.io/NS/REPO:TAG@sha256:...``."""
+        from launcher.image import records
+
+        record = records.load(spec.source)
+        return bodies.ocir_reference(record.tag, record.pushed) if record else None
 
     def requests(self, plan: Plan) -> list[Request]:
         return bodies.requests(plan, _infra(plan.spec))
@@ -49,8 +69,7 @@ class OciBackend(Backend):
     def dryrun(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> DryRun:
         request = super().dryrun(spec, run_id=run_id, resume_from=resume_from)
         mode = bodies.launch_mode(_infra(spec))
-        notes = (f"launch mode {mode}: " + ("one multi-node job run, a node group per spec group" if mode == "native"
-                                           else "one job run per node"),)
+        notes = (f"launch mode {mode}: " + (_layout(request.plan) if mode == "native" else "one job run per node"),)
         notes += tuple(f"run would refuse: {problem}" for problem in self._problems(request))
         return DryRun(request.backend, request.plan, request.requests, request.notes + notes)
 
@@ -78,14 +97,17 @@ class OciBackend(Backend):
         infra = _infra(dryrun.plan.spec)
         client = service.data_science(dict(infra.endpoints))
         ids = service.submit(client, dryrun.plan.run_id, dryrun.requests)
-        return {**ids, "mode": bodies.launch_mode(infra), "endpoints": dict(infra.endpoints),
-                "compartment": infra.compartment_id, "log_group": infra.log_group_id, "log": infra.log_id,
-                "delete_job": infra.delete_job}
+        mode = bodies.launch_mode(infra)
+        groups = {group.name: [node.name for node in group.nodes] for group in bodies.node_groups(dryrun.plan)} \
+            if mode == "native" else {}
+        return {**ids, "mode": mode, "node_groups": groups, "endpoints": dict(infra.endpoints),
+                "compartment": infra.compartment_id, "delete_job": infra.delete_job}
 
     def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
         asked = self._asked.get(info.run_id)
-        if asked and time.monotonic() - asked[0] < SERVICE_POLL_SECONDS:
-            return asked[1]
+        if asked and (time.monotonic() - asked[0] < SERVICE_POLL_SECONDS or
+                      asked[1] and not any(fate.running for fate in asked[1].values())):
+            return asked[1]  # recent, or every node had ended: the service has nothing new to say
         fates = self._ask_service(info)
         self._asked[info.run_id] = (time.monotonic(), fates)
         return fates
@@ -102,40 +124,48 @@ class OciBackend(Backend):
             return {}
         runs = _read_runs(client, ids)
         if ids.get("mode") == "perNode":
-            return {node: self._with_logs(info, {node: _fate(run, None)}, run)[node] for node, run in runs.items()}
+            return {node: self._with_logs(info, {node: _fate(run, None)}, run, client)[node]
+                    for node, run in runs.items()}
         [run] = runs.values() if runs else [None]
         if run is None:
             return {}
         groups = {group.name: group for group in run.node_group_details_list or []}
-        fates = {}
-        for node in info.nodes:
-            names = [name for name in groups if node == name or node.startswith(f"{name}-")]
-            fates[node] = _fate(run, groups[max(names, key=len)] if names else None)
-        return self._with_logs(info, fates, run)  # one search for the run: its nodes share its log
+        holder = {node: name for name, nodes in (ids.get("node_groups") or {}).items() for node in nodes}
+        fates = {node: _fate(run, groups.get(holder.get(node, ""))) for node in info.nodes}
+        return self._with_logs(info, fates, run, client)  # one search for the run: its nodes share its log
 
-    def _with_logs(self, info: RunInfo, fates: dict[str, NodeFate], run: Any) -> dict[str, NodeFate]:
-        """The run's nodes that ended, with its last lines from OCI Logging (searched once, only when some
-        node ended and the run did not succeed), for a node that may have written nothing to the work dir."""
+    def _with_logs(self, info: RunInfo, fates: dict[str, NodeFate], run: Any, client: Any) -> dict[str, NodeFate]:
+        """The run's nodes that ended, with its last lines from OCI Logging (searched only when some node
+        ended and the run did not succeed), for a node that may have written nothing to the work dir; where
+        Logging has none, the reason says why."""
         from dataclasses import replace
 
         ended = [node for node, fate in fates.items() if not fate.running]
-        lines = self._logged_lines(info, run) if ended and run.lifecycle_state != "SUCCEEDED" else ()
-        return fates | {node: replace(fates[node], last_output=lines) for node in ended if lines}
+        if not ended or run.lifecycle_state == "SUCCEEDED":
+            return fates
+        output = self._output(info, run, client)
+        if output.lines:
+            return fates | {node: replace(fates[node], last_output=output.lines[-20:]) for node in ended}
+        return fates | {node: replace(fates[node], reason=f"{fates[node].reason}; {output.note}") for node in ended}
 
-    def _logged_lines(self, info: RunInfo, run: Any) -> tuple[str, ...]:
-        """The job run's last lines in OCI Logging (none when logging is not configured or unreachable)."""
+    def _output(self, info: RunInfo, run: Any, client: Any) -> logs.Output:
+        """What OCI Logging holds of ``run``; kept once the run has ended and its lines have settled."""
         from launcher.backends.oci import service
 
+        if run.id in self._logged:
+            return self._logged[run.id]
         ids = info.backend_ids
-        if not (ids.get("log_group") and ids.get("log")):
-            return ()
         try:
-            client = service.log_search(ids.get("endpoints") or {})
-            lines = service.search_logs(client, ids["compartment"], ids["log_group"], ids["log"], run.id,
-                                        run.time_accepted, datetime.datetime.now(datetime.timezone.utc))
-        except Exception:  # noqa: BLE001 - logs are a help here, not a requirement
-            return ()
-        return tuple(line for line in lines if line.strip())[-20:]
+            # A JobRunSummary (per-node runs are listed) has no logDetails: the JobRun has.
+            full = run if hasattr(run, "log_details") else client.get_job_run(run.id).data
+            search_client = service.log_search(ids.get("endpoints") or {})
+        except Exception as exc:  # noqa: BLE001 - no SDK or credentials here, or the run cannot be read
+            return logs.Output(note=f"OCI Logging could not be searched: {service.service_message(exc)}")
+        output = logs.run_output(search_client, ids["compartment"], full,
+                                 now=lambda: datetime.datetime.now(datetime.timezone.utc))
+        if run.lifecycle_state in service.TERMINAL:
+            self._logged[run.id] = output
+        return output
 
     def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
         """With ``deleteJob: true``: delete the job (and its runs) once the run is seen to end."""
@@ -147,10 +177,12 @@ class OciBackend(Backend):
         if not ids.get("delete_job") or not ids.get("job") or ids.get("job_deleted"):
             return []
         try:
-            outcome = service.cleanup(service.data_science(ids.get("endpoints") or {}), ids["job"], [])
+            client = service.data_science(ids.get("endpoints") or {})
         except LauncherError:  # no credentials here: the job stays, and a later watch or cancel tries again
             return []
+        outcome = service.cleanup(client, ids["job"], list((ids.get("job_runs") or {}).values()))
         if outcome.startswith("could not"):
+            print(f"note: {outcome}", file=sys.stderr)
             return []
         ids["job_deleted"] = True
         state.save(info)
@@ -175,6 +207,14 @@ class OciBackend(Backend):
         return forced
 
 
+def _layout(plan: Plan) -> str:
+    groups = bodies.node_groups(plan)
+    if len(groups) == 1 and len(groups[0].spec_groups) > 1:
+        return (f"one multi-node job run with one node group, {groups[0].name}, of {len(plan.nodes)} nodes (main and "
+                "workers differ only in their names; the service's NODE_RANK 0 is the main)")
+    return "one multi-node job run, a node group per spec group (each worker claims its name in the work dir)"
+
+
 def _read_runs(client: Any, ids: dict[str, Any]) -> dict[str, Any]:
     from launcher.backends.oci import service
 
@@ -182,16 +222,22 @@ def _read_runs(client: Any, ids: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fate(run: Any, group: Any) -> NodeFate:
-    """A node as the service sees it: its run's lifecycle, refined by its node group's where there is one."""
+    """A node as the service sees it: its run's lifecycle, refined by its node group's where there is one;
+    the exit code from the lifecycle details, where the service states one ("... exit code N")."""
+    from launcher.backends.oci.service import exit_code
+
     state = run.lifecycle_state
+    finished = getattr(run, "time_finished", None)  # when the service saw it end: the node's place in time
+    ended_at = finished.timestamp() if finished else None
     if group is not None and group.lifecycle_state == "FAILED":
-        return NodeFate(False, None, f"OCI: node group {group.name} failed: {group.lifecycle_details or 'no details'}")
+        code = exit_code(group.lifecycle_details)
+        return NodeFate(False, exit_code(run.lifecycle_details) if code is None else code,
+                        f"OCI: node group {group.name} failed: {group.lifecycle_details or 'no details'}",
+                        ended_at=ended_at)
     if state in ("ACCEPTED", "IN_PROGRESS", "CANCELING"):
         return NodeFate(True)
     if state == "NEEDS_ATTENTION":
         return NodeFate(True, reason=f"OCI: job run needs attention: {run.lifecycle_details or ''}")
-    exit_code = 0 if state == "SUCCEEDED" else None
-    finished = getattr(run, "time_finished", None)  # when the service saw it end: the node's place in time
-    return NodeFate(False, exit_code, f"OCI: job run {state.lower()}" + (
-        f": {run.lifecycle_details}" if run.lifecycle_details else ""),
-        ended_at=finished.timestamp() if finished else None)
+    code = 0 if state == "SUCCEEDED" else exit_code(run.lifecycle_details)
+    return NodeFate(False, code, f"OCI: job run {state.lower()}" + (
+        f": {run.lifecycle_details}" if run.lifecycle_details else ""), ended_at=ended_at)

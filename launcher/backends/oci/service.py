@@ -8,6 +8,9 @@ service's own message.
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import time
 from typing import Any, Mapping, Sequence
 
 from launcher.backends.base import Request
@@ -17,6 +20,12 @@ from launcher.ociauth import endpoint, sdk_auth
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELED", "DELETED"}
 CANCELLABLE = {"ACCEPTED", "IN_PROGRESS", "NEEDS_ATTENTION"}
+# How long cleanup waits for cancelled runs to end before it gives up (and says what is left).
+CANCEL_WAIT_SECONDS = float(os.environ.get("LAUNCHER_OCI_CANCEL_WAIT", "600"))
+UNREADABLE = "unreadable"
+POLL_CAP_SECONDS = 3.0  # ADS polls a run's state every 3 s while it waits (dsc_job.py SLEEP_INTERVAL)
+# "... failed with exit code 21.": how the service reports a job run's exit code (ADS DataScienceJobRun.exit_code).
+EXIT_CODE = re.compile(r"exit code (\d+)")
 
 
 def retry_strategy() -> Any:
@@ -95,14 +104,25 @@ def submit(client: Any, run_id: str, requests: Sequence[Request]) -> dict[str, A
     return {"job": job_id, "job_runs": runs}
 
 
-def cleanup(client: Any, job_id: str | None, run_ids: list[str]) -> str:
-    """Cancel the runs and delete the job (with its runs); say what could not be removed."""
+def cleanup(client: Any, job_id: str | None, run_ids: list[str], *,
+            wait: float = CANCEL_WAIT_SECONDS) -> str:
+    """Cancel the runs still in progress, wait (at most ``wait`` seconds) until they end, then delete the job
+    with its runs: the service refuses to delete a job while its runs are in progress (ADS ``DSCJob.delete``
+    cancels and waits for CANCELED first). Return what was done, or what is left and why."""
     problems = []
-    for run_id in run_ids:
-        try:
-            client.cancel_job_run(run_id)
-        except Exception as exc:  # noqa: BLE001 - reported, and the job delete below still runs
-            problems.append(f"cancel {run_id}: {service_message(exc)}")
+    for run_id, state in _states(client, run_ids).items():
+        if state in CANCELLABLE or state.startswith(UNREADABLE):
+            try:
+                client.cancel_job_run(run_id)
+            except Exception as exc:  # noqa: BLE001 - reported, and the wait and delete below still run
+                problems.append(f"cancel {run_id}: {service_message(exc)}")
+    busy = _until_ended(client, run_ids, wait)
+    if busy:
+        left = ", ".join(f"{run_id} ({state})" for run_id, state in busy.items())
+        return (f"could not remove everything: job run(s) {left} had not ended {wait:g}s after being cancelled, "
+                f"and the service deletes no job while its runs are in progress; left: job {job_id}, job run(s) "
+                f"{', '.join(busy)} (once they end: oci data-science job delete --job-id {job_id} "
+                "--delete-related-job-runs true)")
     if job_id:
         try:
             client.delete_job(job_id, delete_related_job_runs=True)
@@ -111,6 +131,29 @@ def cleanup(client: Any, job_id: str | None, run_ids: list[str]) -> str:
     if problems:
         return "could not remove everything: " + "; ".join(problems)
     return "what was created was cancelled and deleted" if job_id else "nothing was created"
+
+
+def _states(client: Any, run_ids: list[str]) -> dict[str, str]:
+    """Each run's lifecycle state, or why it could not be read."""
+    states = {}
+    for run_id in run_ids:
+        try:
+            states[run_id] = client.get_job_run(run_id).data.lifecycle_state
+        except Exception as exc:  # noqa: BLE001 - a run that cannot be read is not known to have ended
+            states[run_id] = f"{UNREADABLE}: {service_message(exc)}"
+    return states
+
+
+def _until_ended(client: Any, run_ids: list[str], wait: float) -> dict[str, str]:
+    """Poll the runs until none is in progress or ``wait`` has passed; return those still busy (id -> state)."""
+    deadline = time.monotonic() + wait
+    delay = 0.5
+    while True:
+        busy = {run_id: state for run_id, state in _states(client, run_ids).items() if state not in TERMINAL}
+        if not busy or time.monotonic() >= deadline:
+            return busy
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # the service has no events to wait on
+        delay = min(POLL_CAP_SECONDS, delay * 2)
 
 
 def job_runs(client: Any, ids: Mapping[str, str], *, compartment: str | None = None,
@@ -136,6 +179,12 @@ def job_runs(client: Any, ids: Mapping[str, str], *, compartment: str | None = N
     return result
 
 
+def exit_code(details: str | None) -> int | None:
+    """The exit code a job run's (or node group's) lifecycle details report, if any."""
+    found = EXIT_CODE.search(details or "")
+    return int(found[1]) if found else None
+
+
 def cancel(client: Any, runs: Mapping[str, Any]) -> list[str]:
     """Cancel the runs (as :func:`job_runs` read them) that can still be cancelled; return their targets."""
     cancelled = []
@@ -144,23 +193,3 @@ def cancel(client: Any, runs: Mapping[str, Any]) -> list[str]:
             client.cancel_job_run(run.id)
             cancelled.append(target)
     return cancelled
-
-
-def search_logs(client: Any, compartment: str, log_group: str, log: str, job_run: str,
-                since: Any, until: Any) -> list[str]:
-    """Lines the service's Logging holds for a job run, oldest first (for nodes that wrote no log chunk)."""
-    import oci
-
-    query = f'search "{compartment}/{log_group}/{log}" | where source = \'*{job_run}\' | sort by datetime asc'
-    details = oci.loggingsearch.models.SearchLogsDetails(time_start=since, time_end=until, search_query=query,
-                                                         is_return_field_info=False)
-    lines = []
-    page = None
-    while True:
-        response = client.search_logs(details, limit=1000, **({"page": page} if page else {}))
-        for result in response.data.results or []:
-            content = (result.data or {}).get("logContent", {})
-            lines.append(str((content.get("data") or {}).get("message", "")))
-        page = response.headers.get("opc-next-page")
-        if not page:
-            return lines

@@ -1,0 +1,201 @@
+"""The OCI pieces that need no training run: how a node names itself and finds its address, image references,
+exit codes, the default port, and Logging searches (through the real SDK against tests/ocisim.py)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+
+import pytest
+
+from conftest import SEED_004, run_cli
+from launcher.backends.oci import logs
+from launcher.backends.oci.bodies import image_problem, ocir_reference
+from launcher.backends.oci.service import exit_code
+from launcher.node.identity import IdentityError, candidates, claim, first_choice
+from launcher.node.netutil import NodeAddress, holder, in_network, use_interface
+from launcher.node.ocicluster import ClusterAddressError, choose, metadata_address
+from launcher.node.store import WorkDir
+
+NAMES = ["m", "w-0", "w-1"]
+
+
+def test_a_node_group_s_candidates_are_the_nodes_of_the_spec_groups_it_holds():
+    groups = [("m", 1), ("w", 2)]
+    assert candidates(groups, ["m", "w"]) == NAMES
+    assert candidates(groups, ["w"]) == ["w-0", "w-1"]
+    assert candidates([("m", 2), ("w", 1)], ["m"]) == ["m-0", "m-1"]
+    with pytest.raises(IdentityError, match="names x"):
+        candidates(groups, ["x"])
+    assert first_choice(NAMES, {"NODE_RANK": "2"}) == "w-1"
+    assert first_choice(NAMES, {"NODE_RANK": "3"}) is None and first_choice(NAMES, {}) is None
+
+
+def test_a_claim_takes_the_rank_s_name_when_free_and_never_a_taken_one(tmp_path):
+    store = WorkDir(str(tmp_path / "run"))
+    assert claim(store, NAMES, "w-1") == "w-1"
+    assert claim(store, NAMES, "w-1") in ("m", "w-0")  # two nodes with one rank: the second gets a free name
+    assert claim(store, NAMES, None) not in ("w-1",)
+    assert sorted(store.list("slots")) == [f"{name}.json" for name in NAMES]
+    with pytest.raises(IdentityError, match="more nodes started than the group has"):
+        claim(store, NAMES, None)
+
+
+def test_nodes_claiming_at_once_get_distinct_names(tmp_path):
+    names = [f"w-{i}" for i in range(12)]
+    got: list[str] = []
+    threads = [threading.Thread(target=lambda: got.append(claim(WorkDir(str(tmp_path / "run")), names, None)))
+               for _ in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(got) == sorted(names)
+
+
+ROUTE_CARD = {"lo": "127.0.0.1", "eth0": "10.0.0.5", "rdma0": "192.168.7.2"}  # the default route leaves by eth0
+
+
+def test_the_address_is_the_rank_s_entry_held_by_an_interface_here():
+    entries = {0: "192.168.7.1", 1: "192.168.7.2", 2: "192.168.7.3"}
+    assert choose(entries, 1, 3, ROUTE_CARD) == "192.168.7.2" and holder("192.168.7.2", ROUTE_CARD) == "rdma0"
+    assert choose({1: "192.168.7.2"}, 1, 3, ROUTE_CARD) == "192.168.7.2"  # its own entry is enough
+
+
+def test_ranks_counted_some_other_way_fall_back_to_the_entry_held_here():
+    """Per-group numbering: NODE_RANK 0 names another node's address; once every node is listed, the
+    address an interface of this node holds is its own."""
+    assert choose({0: "192.168.7.1"}, 0, 3, ROUTE_CARD) is None  # not complete: wait
+    assert choose({0: "192.168.7.1", 1: "192.168.7.2", 2: "192.168.7.3"}, 0, 3, ROUTE_CARD) == "192.168.7.2"
+    assert choose({0: "192.168.7.1", 1: "192.168.7.9"}, 1, 2, ROUTE_CARD) == "192.168.7.9"  # as ADS would
+    with pytest.raises(ClusterAddressError, match="none of the 2 addresses"):
+        choose({0: "192.168.7.1", 1: "192.168.7.9"}, None, 2, ROUTE_CARD)
+
+
+def test_a_metadata_file_that_appears_late_is_waited_for(tmp_path):
+    path = tmp_path / "nodes.json"
+    env = {"CLUSTER_NODES_METADATA_FILE": str(path), "NODE_RANK": "1", "INITIAL_CLUSTER_SIZE": "2"}
+    said: list[str] = []
+    writes = iter([json.dumps([{"Rank": 0, "IPAddress": "192.168.7.1"}]),
+                   json.dumps([{"Rank": 0, "IPAddress": "192.168.7.1"}, {"Rank": 1, "IPAddress": "192.168.7.2"}])])
+    chosen = metadata_address(env, lambda: ROUTE_CARD, timeout=60, say=said.append,
+                              sleep=lambda seconds: path.write_text(next(writes)))
+    assert chosen == NodeAddress("192.168.7.2", "rdma0", "CLUSTER_NODES_METADATA_FILE, NODE_RANK 1")
+    assert "is missing or not valid JSON; reading it again in 20s" in said[0] and "lists 1 of 2 nodes" in said[1]
+    with pytest.raises(ClusterAddressError, match="lists 1 of 2 nodes after 0s"):
+        path.write_text(json.dumps([{"Rank": 0, "IPAddress": "192.168.7.1"}]))
+        metadata_address(env, lambda: ROUTE_CARD, timeout=0, say=said.append)
+
+
+def test_the_interface_in_the_subnet_and_the_socket_variables():
+    assert in_network("192.168.7.0/24", ROUTE_CARD) == ("rdma0", "192.168.7.2")
+    assert in_network("172.16.0.0/12", ROUTE_CARD) is None
+    env = {"NCCL_SOCKET_IFNAME": "ib0"}  # the user's choice stands
+    assert use_interface("rdma0", env) == "; GLOO_SOCKET_IFNAME set to rdma0"
+    assert env == {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "rdma0"}
+
+
+@pytest.mark.parametrize("image, problem", [
+    ("iad.ocir.io/ns/train:1", None),
+    ("us-ashburn-1.ocir.io/ns/team/train:v1.2@sha256:" + "a" * 64, None),
+    ("iad.ocir.io/ns/train@sha256:" + "b" * 64, None),
+    ("iad.ocir.io/ns/train", "names no tag or digest"),
+    ("docker.io/library/python:3.11", "is not in OCI Container Registry"),
+    ("ghcr.io/org/train:1", "is not in OCI Container Registry"),
+    ("train:1", "is not in OCI Container Registry"),
+])
+def test_images_must_be_in_ocir_with_a_tag_or_digest(image, problem):
+    found = image_problem(image)
+    assert (found is None) if problem is None else (problem in found)
+
+
+def test_a_pushed_image_is_named_by_tag_and_digest():
+    digest = "sha256:" + "c" * 64
+    assert ocir_reference("iad.ocir.io/ns/train:1", f"iad.ocir.io/ns/train@{digest}") == \
+        f"iad.ocir.io/ns/train:1@{digest}"
+    assert ocir_reference("iad.ocir.io/ns/train:1", None) == "iad.ocir.io/ns/train:1"
+
+
+def test_exit_codes_are_read_from_lifecycle_details():
+    assert exit_code("Job run artifact execution failed with exit code 21.") == 21
+    assert exit_code("canceled by the user") is None and exit_code(None) is None
+
+
+@pytest.mark.parametrize("port, expected", [(None, "29400"), ("0", "0"), ("12345", "12345")])
+def test_the_main_s_port_is_29400_on_oci_unless_the_spec_sets_one(port, expected):
+    extra = ["--set", f"spec.cluster.spec.port={port}"] if port else []
+    done = run_cli("run", "-f", str(SEED_004), "--dry-run", "--output", "json", *extra)
+    assert done.returncode == 0, done.stderr
+    assert {node["env"]["LAUNCHER_MASTER_PORT"] for node in json.loads(done.stdout)["nodes"]} == {expected}
+
+
+# -- Logging, through the SDK against the simulation ------------------------------------------------------------
+NOW = datetime.datetime.now(datetime.timezone.utc)
+
+
+@pytest.fixture
+def logging_sim(tmp_path):
+    """The simulation with one job run whose node wrote 10 lines over 20 days, and a client for its Logging."""
+    import oci
+    from ocisim import JobRun, Node, OciSim
+
+    sim = OciSim(tmp_path)
+    run = JobRun("ocid1.datasciencejobrun.oc1.iad.logs", {"id": "job"}, {},
+                 log={"logGroupId": "ocid1.loggroup.g", "logId": "ocid1.log.l"})
+    node = Node("n", 0, "", {})
+    node.output = [((NOW - datetime.timedelta(days=20 - 2 * i)).timestamp(), f"line {i}") for i in range(10)]
+    run.nodes.append(node)
+    sim.runs[run.id] = run
+    config = oci.config.from_file(str(sim.write_config(tmp_path)))
+    client = oci.loggingsearch.LogSearchClient(config, service_endpoint=sim.endpoint,
+                                               retry_strategy=oci.retry.NoneRetryStrategy())
+    yield sim, run, client
+    sim.stop()
+
+
+def job_run(run_id: str, finished: datetime.datetime, logged: bool = True):
+    from oci.data_science.models import JobRun, JobRunLogDetails
+
+    return JobRun(id=run_id, time_accepted=NOW - datetime.timedelta(days=21),
+                  time_started=NOW - datetime.timedelta(days=21), time_finished=finished,
+                  log_details=JobRunLogDetails(log_group_id="ocid1.loggroup.g", log_id="ocid1.log.l") if logged
+                  else None)
+
+
+def test_searches_stay_within_14_days_page_and_split_what_is_too_large(logging_sim):
+    sim, run, client = logging_sim
+    sim.search_page, sim.search_too_large = 2, 3
+    lines = logs.search(client, "c/ocid1.loggroup.g/ocid1.log.l", run.id, NOW - datetime.timedelta(days=21), NOW)
+    assert lines == [f"line {i}" for i in range(10)]
+    assert any(refusal[2] == 400 for refusal in sim.refusals)  # "too large" answers, each split in two
+    windows = [datetime.datetime.fromisoformat(body["timeEnd"]) - datetime.datetime.fromisoformat(body["timeStart"])
+               for method, path, body in sim.requests if path == "/20190909/search"]
+    assert max(windows) <= datetime.timedelta(days=14)
+
+
+def test_lines_that_arrive_late_are_waited_for(logging_sim):
+    """A run that just ended: Logging is asked again until its lines stop coming (no wall time: a test clock)."""
+    sim, run, client = logging_sim
+    arriving = iter([(NOW.timestamp(), "late 1"), (NOW.timestamp(), "late 2")])
+    clock = [NOW]
+
+    def sleep(seconds: float) -> None:
+        clock[0] += datetime.timedelta(seconds=seconds)
+        run.nodes[0].output.append(next(arriving, (0.0, "")))
+
+    run.nodes[0].output.clear()
+    found = logs.run_output(client, "c", job_run(run.id, NOW), now=lambda: clock[0], sleep=sleep)
+    assert found.lines == ("late 1", "late 2")
+
+
+def test_when_logging_has_nothing_the_reason_is_given(logging_sim):
+    sim, run, client = logging_sim
+    long_ago = NOW - datetime.timedelta(hours=1)
+    assert "not set up for this job (set logGroupId" in logs.run_output(
+        client, "c", job_run(run.id, long_ago, logged=False), now=lambda: NOW).note
+    assert "returned no lines for job run ocid1.other" in logs.run_output(
+        client, "c", job_run("ocid1.other", long_ago), now=lambda: NOW).note
+    sim.fail("POST", r"/20190909/search", 404, "NotAuthorizedOrNotFound", "log group not found or not authorized")
+    assert logs.run_output(client, "c", job_run(run.id, long_ago), now=lambda: NOW).note == \
+        "OCI Logging could not be searched: 404 NotAuthorizedOrNotFound: log group not found or not authorized"
