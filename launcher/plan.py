@@ -95,10 +95,11 @@ def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGr
         "LAUNCHER_MASTER_PORT": str(cluster.port),
         "LAUNCHER_OUTPUTS_SYNC_INTERVAL": str(cluster.outputs_sync_interval),
     })
-    if cluster.elastic:
-        env["LAUNCHER_ELASTIC"] = json.dumps({"minNodes": cluster.elastic.min_nodes,
-                                              "maxNodes": cluster.elastic.max_nodes,
-                                              "maxRestarts": cluster.elastic.max_restarts})
+    if cluster.recovery:
+        node_count = cluster.node_count
+        env["LAUNCHER_RECOVERY"] = json.dumps({
+            "minNodes": cluster.elastic.min_nodes if cluster.elastic else node_count,
+            "maxRestarts": cluster.recovery.max_restarts, "retryOn": list(cluster.recovery.retry_on)})
     if cluster.max_runtime:
         env["LAUNCHER_MAX_RUNTIME"] = str(cluster.max_runtime)
     if cluster.hang_timeout:

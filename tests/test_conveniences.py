@@ -145,3 +145,4 @@ def test_clean_removes_old_runs_and_keeps_running_ones(tmp_path, launcher_home):
     finally:
         run_cli("cancel", running, timeout=60)
     assert os.path.isdir(tmp_path)
+

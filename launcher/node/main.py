@@ -27,11 +27,13 @@ from launcher.node import outputs as outputs_mod
 from launcher.node.cause import Cause, diagnose, lost_a_peer
 from launcher.node.cause import describe as describe_cause
 from launcher.node.control import ControlWatch, StopRequest, record_failure, record_limit
+from launcher.node.rounds import Round, Rounds, RunOver, Timing
+from launcher.runs.recovery import FAILURE, JOIN, LOST, PEER, Policy, RoundEnd
 from launcher.node.exits import signal_name
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, node_address
 from launcher.node.ranklogs import RankLogs
-from launcher.node.rendezvous import (DECISION_KEY, Decision, RendezvousError, RendezvousStopped,
+from launcher.node.rendezvous import (Decision, RendezvousError, RendezvousStopped,
                                       RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
 from launcher.node.status import StatusRecord, status_key
@@ -71,6 +73,7 @@ class _Ended:
     own_failure: str | None = None  # the hang watchdog: this node is the cause
     stopped: bool = False  # stopped on request (a signal after training ended changes nothing)
     limit: str | None = None  # the run's own limit (maxRuntime) was reached: no node is the cause
+    round_over: bool = False  # another node ended the membership round (recovering runs)
 
 
 @dataclass(frozen=True)
@@ -81,13 +84,15 @@ class _Outcome:
     exit_code: int
     mark_failed: bool = False
     details: dict | None = None
+    next_round: bool = False  # recovering runs: training goes on in the next membership round
+    round_end: RoundEnd | None = None  # why this node ends the round, to record (None: others ended it)
 
 
 class Node:
     def __init__(self, settings: NodeSettings):
         self.settings = settings
         self.run = WorkDir(settings.run_url)
-        self.shipper = LogShipper(self.run, settings.node).start()
+        self.shipper = LogShipper(self.run, settings.node, continues=settings.incarnation > 0).start()
         self.status = StatusRecord(self.run, settings.node, settings.run_id)
         self.control = ControlWatch(self.run, settings.node)
         self.proc: subprocess.Popen | None = None
@@ -97,6 +102,7 @@ class Node:
         self.processes = 1
         self.started = time.monotonic()
         self.stacks_dir = ""
+        self.sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
         self.ranks_ended = False  # every training process here ended well; torchrun waits for the other nodes
 
     def say(self, message: str) -> None:
@@ -144,20 +150,75 @@ class Node:
         devices = plural(len(gpus), "GPU") if gpus else "no GPU"
         self.say(f"registering in {settings.run_url} as {address}:{port} ({plural(self.processes, 'training process')}, "
                  f"{devices}); waiting for {plural(len(settings.nodes), 'node')}")
-        decision = await_decision(
-            self.run, Registration(settings.node, address, port, self.processes), settings.nodes,
-            timeout=settings.rendezvous_timeout,
-            elastic_min=settings.elastic["minNodes"] if settings.elastic else None,
-            progress=self._progress)
-        self.rank = decision.ranks.get(settings.node)
-        self.status.update(rank=self.rank, main=decision.main)
-        role = "main" if decision.main == settings.node else "worker"
-        place = (f"rank {self.rank} of {plural(len(decision.ranks), 'node')}" if decision.mode == "static"
-                 else f"elastic, main {decision.main}; torchrun's c10d rendezvous assigns ranks")
-        self.say(f"{role}: {place}; MASTER_ADDR={decision.master_addr} MASTER_PORT={decision.master_port}")
+        me = Registration(settings.node, address, port, self.processes)
+        if settings.recovery:
+            return self._run_rounds(me)
+        decision = await_decision(self.run, me, settings.nodes, timeout=settings.rendezvous_timeout,
+                                  progress=self._progress)
+        self._start_round(decision)
         if settings.resume_from:
-            self._restore(settings.resume_from)
-        return self._train(decision)
+            self._restore(WorkDir(settings.resume_from))
+        return self._conclude(self._train(decision))
+
+    def _start_round(self, decision: Decision, number: int | None = None, restarts: int = 0) -> None:
+        self.rank = decision.ranks.get(self.settings.node)
+        members = plural(len(decision.ranks), "node")
+        self.status.update(rank=self.rank, main=decision.main,
+                           **({} if number is None else {"round": number, "restarts": restarts,
+                                                         "members": list(decision.ranks)}))
+        role = "main" if decision.main == self.settings.node else "worker"
+        where = "" if number is None else f" in round {number} ({restarts} restarts so far)"
+        self.say(f"{role}: node rank {self.rank} of {members}{where}; MASTER_ADDR={decision.master_addr} "
+                 f"MASTER_PORT={decision.master_port}")
+
+    def _run_rounds(self, me: Registration) -> int:
+        """A recovering run: train in membership rounds until training succeeds or the run must stop."""
+        settings = self.settings
+        rounds = Rounds(self.run, settings.nodes, Policy.from_settings(settings.recovery), Timing.for_store(self.run))
+        number = self._first_round(rounds)
+        while True:
+            if number > 0:
+                me = Registration(me.name, me.address, settings.master_port or free_port(me.address), me.processes)
+            self.status.update(state="waiting", round=number)
+            try:
+                current = rounds.join(number, me, timeout=settings.rendezvous_timeout, control=self.control)
+            except RunOver as over:
+                return self._finish("succeeded", str(over), 0)
+            number = current.number
+            if current.give_up:
+                return self._finish("failed", current.give_up, EXIT_PEER_FAILED, mark_failed=True,
+                                    details={"rounds": list(current.history)})
+            self._start_round(current.decision, number, current.restarts)
+            if current.history:
+                self.say(f"round {number} after {current.history[-1]}: {self._members_text(current)}")
+            if number > 0 or settings.resume_from:
+                self._restore(WorkDir(settings.resume_from) if number == 0 else self.run, required=number == 0)
+            outcome = self._train(current.decision, rounds, number)
+            if not outcome.next_round:
+                return self._conclude(outcome)
+            if outcome.round_end is not None:
+                rounds.end(number, outcome.round_end)
+            synced = self.sync.sync()  # what it wrote reaches the work dir, for the next round's restore
+            self.say(f"round {number} ended: {outcome.reason or 'another node ended it'}"
+                     + (f"; synced {synced} output files" if synced else ""))
+            number += 1
+
+    def _members_text(self, current: Round) -> str:
+        policy = Policy.from_settings(self.settings.recovery or {})
+        members = len(current.members)
+        return (f"continuing with {members} of {len(self.settings.nodes)} nodes (min {policy.min_nodes}), "
+                f"restart {current.restarts} of {policy.max_restarts}")
+
+    def _first_round(self, rounds: Rounds) -> int:
+        """0 for a node as first started; a replacement joins the round after the latest (and ends that one)."""
+        latest = rounds.latest() if self.settings.incarnation else None
+        if latest is None:
+            return 0
+        if latest.give_up:  # the run has stopped: joining its last round says so
+            return latest.number
+        rounds.end(latest.number, RoundEnd(self.settings.node, JOIN,
+                                           f"replacement {self.settings.incarnation} joins", None, time.time()))
+        return latest.number + 1
 
     def _processes(self, gpus: int) -> int:
         """processesPerNode as a number, or auto: one per GPU this node sees, 1 without GPUs."""
@@ -176,18 +237,17 @@ class Node:
         timing = f" after {waited:.0f}s of {self.settings.rendezvous_timeout:g}s" if waited >= 1 else ""
         self.say(f"{len(registered)}/{plural(total, 'node')} registered{timing}{waiting}")
 
-    def _restore(self, previous_url: str) -> None:
-        previous = WorkDir(previous_url)
-        data = previous.get(DECISION_KEY)
-        main = Decision.from_bytes(data).main if data else None
-        source = outputs_mod.checkpoint_holder(previous, prefer=main)
-        if source is None:
-            raise NothingToResume(f"nothing to resume: {previous_url}/{outputs_mod.OUTPUTS_PREFIX}/ holds no outputs")
-        count = outputs_mod.restore(previous, source, self.settings.outputs_dir)
-        self.say(f"restored {count} output files of {previous_url} (node {source}) into "
-                 f"{self.settings.outputs_dir}")
+    def _restore(self, source: WorkDir, required: bool = True) -> None:
+        """The newest copy of every output file of ``source`` (an earlier run, or this one at a new round)."""
+        count = outputs_mod.restore_newest(source, self.sync)
+        if count == 0 and required:
+            raise NothingToResume(f"nothing to resume: {source.url}/{outputs_mod.OUTPUTS_PREFIX}/ holds no outputs")
+        if count:
+            self.say(f"restored {count} output files (the newest copy of each) of {source.url} into "
+                     f"{self.settings.outputs_dir}")
 
-    def _train(self, decision: Decision) -> int:
+    def _train(self, decision: Decision, rounds: Rounds | None = None, number: int = 0) -> _Outcome:
+        """One torchrun run with ``decision``; in a recovering run it also ends when the round does."""
         from launcher.node.torchrun import torchrun_argv, training_env
 
         settings = self.settings
@@ -206,29 +266,34 @@ class Node:
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
         reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)
-        sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
-        ended = self._supervise(rank_logs, sync)
+        ended = self._supervise(rank_logs, rounds, number)
         reader.join(timeout=10)
         rank_logs.close()
         try:
-            outcome = self._outcome(decision, ended, rank_logs)
+            return self._outcome(decision, ended, rank_logs, recovering=rounds is not None)
         finally:  # not before: it holds the ranks' error files (torch's @record)
             shutil.rmtree(log_dir, ignore_errors=True)
+
+    def _conclude(self, outcome: _Outcome) -> int:
+        """The run is over for this node: say so first (peers stop at once), then sync, then the final status."""
+        settings = self.settings
         if outcome.mark_failed:  # before the outputs sync, which may take long: peers stop and learn why at once
             self._mark_failed(outcome.state, outcome.reason, outcome.exit_code, outcome.details)
-        synced = sync.sync()
+        synced = self.sync.sync()
         if synced:
             self.say(f"synced {synced} output files to {self.run.url}/outputs/{settings.node}/")
         if settings.outputs_temporary:  # every file is in the work dir now
             outputs_mod.remove_temporary(settings.outputs_dir)
         return self._finish(outcome.state, outcome.reason, outcome.exit_code, details=outcome.details)
 
-    def _supervise(self, rank_logs: RankLogs, sync: outputs_mod.OutputsSync) -> _Ended:
-        """Wait for torchrun to exit, meanwhile enforcing the limits, obeying stop requests and syncing."""
+    def _supervise(self, rank_logs: RankLogs, rounds: Rounds | None, number: int) -> _Ended:
+        """Wait for torchrun to exit, meanwhile enforcing the limits, obeying stop requests and syncing; in a
+        recovering run, also stop when the membership round ends."""
         assert self.proc is not None
         settings = self.settings
         next_sync = time.monotonic() + settings.outputs_sync_interval
         next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+        next_round_check = time.monotonic()
         training_started = time.monotonic()
         exited = _ExitEvent(self.proc.pid)
         try:
@@ -246,25 +311,32 @@ class Node:
                 if self.stop_request:
                     self.say(f"stopping training: {self.stop_request.reason}")
                     return _Ended(self._terminate(), stopped=True)
+                if rounds is not None and time.monotonic() >= next_round_check:
+                    next_round_check = time.monotonic() + rounds.timing.end_check
+                    if self._round_ended(rounds, number):
+                        self.say(f"round {number} ends ({self._round_end_text(rounds, number)}): stopping training")
+                        return _Ended(self._terminate(), round_over=True)
                 now = time.monotonic()
                 if now >= next_heartbeat:
                     self.status.heartbeat()
                     next_heartbeat = now + HEARTBEAT_SECONDS
                 if now >= next_sync:
-                    sync.sync()
+                    self.sync.sync()
                     next_sync = now + settings.outputs_sync_interval
             return _Ended(self.proc.wait())
         finally:
             exited.close()
 
-    def _outcome(self, decision: Decision, ended: _Ended, rank_logs: RankLogs) -> _Outcome:
+    def _outcome(self, decision: Decision, ended: _Ended, rank_logs: RankLogs, recovering: bool = False) -> _Outcome:
         """How training ended for this node; reads the rank logs, so before they are deleted."""
         if ended.own_failure:
             return _Outcome("failed", ended.own_failure, EXIT_TIMED_OUT, mark_failed=True)
         if ended.limit:
             return _Outcome("failed", f"stopped: {ended.limit}", EXIT_TIMED_OUT)
-        if ended.code == 0 and not ended.stopped:  # training ended on its own, successfully: a later SIGTERM
-            return _Outcome("succeeded", None, 0)  # (compose stopping the others as one exits) changes nothing
+        if ended.code == 0 and not ended.stopped and not ended.round_over:  # ended on its own, successfully: a
+            return _Outcome("succeeded", None, 0)  # later SIGTERM (compose stopping the others) changes nothing
+        if recovering and not self.stop_request:
+            return self._round_outcome(ended, rank_logs)
         cause = diagnose(self.torchrun_output, rank_logs.tails)
         # Did training fail because the run was cancelled or a peer failed first? Then that is the cause; but a
         # rank here that raised an error of its own (not a lost peer) failed on its own too: "also failed".
@@ -283,6 +355,36 @@ class Node:
             return _Outcome("failed", reason, EXIT_PEER_FAILED, mark_failed=True)
         return _Outcome("failed", describe_cause(cause.to_dict()), cause.exit_code or ended.code, mark_failed=True,
                         details={"cause": cause.to_dict()})
+
+    def _round_outcome(self, ended: _Ended, rank_logs: RankLogs) -> _Outcome:
+        """A recovering run whose round ended: why, as this node saw it (lost / failure / peer), or by others."""
+        if ended.round_over:
+            return _Outcome("waiting", None, 0, next_round=True)
+        if ended.own_failure:
+            return _Outcome("waiting", ended.own_failure, EXIT_TIMED_OUT, next_round=True,
+                            round_end=RoundEnd(self.settings.node, FAILURE, ended.own_failure, EXIT_TIMED_OUT,
+                                               time.time()))
+        cause = diagnose(self.torchrun_output, rank_logs.tails)
+        kind = PEER if lost_a_peer(cause) else LOST if cause.signal in ("SIGKILL", "SIGTERM") else FAILURE
+        reason = describe_cause(cause.to_dict())
+        code = cause.exit_code or ended.code
+        return _Outcome("waiting", reason, code, next_round=True,
+                        round_end=RoundEnd(self.settings.node, kind, reason, code, time.time()))
+
+    def _round_end_text(self, rounds: Rounds, number: int) -> str:
+        try:
+            ends = sorted(rounds.ends(number), key=lambda end: end.at)
+        except StoreError:
+            return "a member was lost, failed, or a node joins"
+        words = {LOST: "lost", FAILURE: "failed", PEER: "lost a peer", JOIN: "joins"}
+        return "; ".join(f"node {end.node} {words.get(end.kind, end.kind)}: {end.reason}" for end in ends[:3])
+
+    def _round_ended(self, rounds: Rounds, number: int) -> bool:
+        try:
+            return rounds.ended(number)
+        except StoreError as exc:  # keep training through a store outage; the next check may succeed
+            self.say(f"could not read round {number}'s end markers: {exc}")
+            return False
 
     def _runtime_exceeded(self) -> bool:
         max_runtime = self.settings.max_runtime
@@ -451,7 +553,7 @@ def main() -> int:
         return EXIT_BAD_ENV
     try:
         node = Node(settings)
-        if node.run.get(status_key(settings.node)) is not None:
+        if settings.incarnation == 0 and node.run.get(status_key(settings.node)) is not None:
             # Checked before this node writes anything: the earlier attempt's records stay as they are.
             print(f"launcher node {settings.node}: run {settings.run_id} already has a status record for this node "
                   f"in {settings.run_url}: its run id was used before (a second `docker-compose up` of the same "

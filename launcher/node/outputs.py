@@ -6,6 +6,7 @@ in-progress temporaries and skipped, so write-then-rename checkpoints are never 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from launcher.node.store import WorkDir
 
 OUTPUTS_PREFIX = "outputs"
+MANIFEST = ".manifest.json"  # per node: each synced file's size and the time it was written (its mtime)
 
 
 class OutputsSync:
@@ -21,6 +23,13 @@ class OutputsSync:
         self.node = node
         self.directory = Path(directory)
         self._uploaded: dict[str, tuple[int, int]] = {}
+        self._restored: set[str] = set()  # came from the work dir: not this node's to list as written
+
+    def mark_synced(self, rel: str) -> None:
+        """``rel`` (restored from the work dir) is there already: the next sync uploads it only if it changes."""
+        stat = (self.directory / rel).stat()
+        self._uploaded[rel] = (stat.st_size, stat.st_mtime_ns)
+        self._restored.add(rel)
 
     def sync(self) -> int:
         """Upload what changed since the last sync; return how many files were uploaded."""
@@ -46,32 +55,57 @@ class OutputsSync:
                 except FileNotFoundError:
                     continue
                 self._uploaded[rel] = signature
+                self._restored.discard(rel)  # written here since: this node's own now
                 count += 1
+        if count:  # written after the files: a reader never finds a file it lists missing
+            manifest = {rel: [size, mtime_ns / 1e9] for rel, (size, mtime_ns) in self._uploaded.items()
+                        if rel not in self._restored}
+            self.store.put(f"{OUTPUTS_PREFIX}/{self.node}/{MANIFEST}", json.dumps(manifest).encode())
         return count
 
 
-def restore(run: WorkDir, node: str, directory: str) -> int:
-    """Copy ``outputs/{node}/`` of a run into ``directory``; return the number of files restored."""
-    prefix = f"{OUTPUTS_PREFIX}/{node}"
-    keys = run.find(prefix)
-    for rel in keys:
-        run.download(f"{prefix}/{rel}", os.path.join(directory, rel))
-    return len(keys)
+def restore_newest(run: WorkDir, sync: OutputsSync) -> int:
+    """Bring the newest copy of every output file any node of ``run`` synced into this node's outputs dir.
 
-
-def checkpoint_holder(run: WorkDir, prefer: str | None = None) -> str | None:
-    """The node whose outputs a resume should start from: the one that kept the most files.
-
-    Usually one rank writes checkpoints (rank 0), and in elastic mode that rank may be on any
-    node, so the run's main is only the tie-breaker. None when no node left outputs.
+    For each path the copy written last wins, by the time the file was written (each node's
+    manifest), never an older one because another node holds more files; so a checkpoint rank 0
+    wrote reaches every node, and each rank's own files come back to whichever node now has that
+    rank. A local file as new stays. Restored files count as synced: they are not uploaded again
+    as this node's outputs, nor listed in its manifest.
     """
-    counts: dict[str, int] = {}
-    for key in run.find(OUTPUTS_PREFIX):
-        node = key.split("/", 1)[0]
-        counts[node] = counts.get(node, 0) + 1
-    if not counts:
-        return None
-    return max(sorted(counts), key=lambda node: (counts[node], node == prefer))
+    newest: dict[str, tuple[float, str]] = {}  # path in a node's outputs -> (written at, key)
+    for node, written_at in _written_times(run).items():
+        for rel, written in written_at.items():
+            if written > newest.get(rel, (-1.0, ""))[0]:
+                newest[rel] = (written, f"{OUTPUTS_PREFIX}/{node}/{rel}")
+    count = 0
+    for rel, (written, key) in sorted(newest.items()):
+        target = sync.directory / rel
+        if target.exists() and target.stat().st_mtime >= written:
+            continue
+        if run.download(key, str(target)):
+            os.utime(target, (written, written))  # its age is the copy's: newer local writes win later
+            sync.mark_synced(rel)
+            count += 1
+    return count
+
+
+def _written_times(run: WorkDir) -> dict[str, dict[str, float]]:
+    """node -> {file: when it was written}, from each node's manifest, else (older runs) the store's times."""
+    by_node: dict[str, dict[str, float]] = {}
+    for key, modified in run.find_modified(OUTPUTS_PREFIX).items():
+        node, _, rel = key.partition("/")
+        if rel:
+            by_node.setdefault(node, {})[rel] = modified
+    for node, files in by_node.items():
+        manifest = run.get_record(f"{OUTPUTS_PREFIX}/{node}/{MANIFEST}")
+        for rel in files:
+            entry = manifest.get(rel)
+            if isinstance(entry, list) and len(entry) == 2:
+                files[rel] = float(entry[1])
+            elif manifest:  # listed by no manifest: a copy this node restored in an older version; skip it
+                files[rel] = -1.0
+    return by_node
 
 
 def remove_temporary(directory: str) -> None:

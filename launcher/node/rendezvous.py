@@ -81,8 +81,7 @@ class Decision:
     main: str
     master_addr: str
     master_port: int
-    ranks: dict[str, int]  # empty in elastic mode: torchrun's c10d rendezvous assigns ranks
-    mode: str = "static"
+    ranks: dict[str, int]  # node -> node rank, in the spec's order
     processes_per_node: int = 1
     nonces: dict[str, str] = field(default_factory=dict)  # whose registrations it was made from
 
@@ -91,7 +90,9 @@ class Decision:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Decision":
-        return cls(**json.loads(data))
+        body = json.loads(data)
+        body.pop("mode", None)  # written by versions that had torchrun's elastic mode
+        return cls(**body)
 
 
 @dataclass
@@ -149,10 +150,8 @@ def decide_static(registered: dict[str, Listed], order: Sequence[str]) -> Decisi
 
 
 def _accept(decision: Decision, me: Registration) -> Decision:
-    """A decision this node may use: one made from its own registration (in elastic mode, a node
-    that joined later is not in it, and that is fine)."""
-    theirs = decision.nonces.get(me.name)
-    if theirs is not None and theirs != me.nonce or (decision.mode == "static" and theirs is None):
+    """A decision this node may use: one made from its own registration."""
+    if decision.nonces.get(me.name) != me.nonce:
         raise RendezvousError(f"{DECISION_KEY} in this run's work dir was made without this node's registration: "
                               "another attempt used the same run id (a second `docker-compose up` of one file, a "
                               "restarted node); start a new run")
@@ -160,7 +159,7 @@ def _accept(decision: Decision, me: Registration) -> Decision:
 
 
 def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *, timeout: float,
-                   elastic_min: int | None = None, policy: PollPolicy | None = None,
+                   policy: PollPolicy | None = None,
                    progress: Callable[[list[str], list[str], float], None] | None = None) -> Decision:
     """Register ``me`` and return the run's decision once there is one; raise on timeout or cancel."""
     policy = policy or PollPolicy.for_store(store)
@@ -189,9 +188,8 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
                 seen = (sorted(registered), missing)
                 next_progress = now + PROGRESS_EVERY_SECONDS
                 progress(*seen, now - started)
-            needed = elastic_min if elastic_min is not None else len(expected)
-            if len(registered) >= needed:
-                return _accept(_publish(store, registered, expected, elastic=elastic_min is not None), me)
+            if len(registered) == len(expected):
+                return _accept(_publish(store, registered, expected), me)
             if timed_out:
                 raise RendezvousTimeout(missing, len(registered), len(expected), timeout)
         if progress and seen and now >= next_progress:  # still waiting: say so, with the last listing
@@ -214,12 +212,8 @@ def _registered(store: WorkDir, expected: set[str]) -> dict[str, Listed]:
     return registered
 
 
-def _publish(store: WorkDir, registered: dict[str, Listed], order: Sequence[str], *, elastic: bool) -> Decision:
+def _publish(store: WorkDir, registered: dict[str, Listed], order: Sequence[str]) -> Decision:
     decision = decide_static(registered, order)
-    if elastic:
-        decision = Decision(main=decision.main, master_addr=decision.master_addr,
-                            master_port=decision.master_port, ranks={}, mode="elastic",
-                            processes_per_node=decision.processes_per_node, nonces=decision.nonces)
     if store.create(DECISION_KEY, decision.to_bytes()):
         return decision
     return Decision.from_bytes(store.get(DECISION_KEY) or decision.to_bytes())

@@ -33,10 +33,11 @@ class NodeSettings:
     outputs_dir: str
     outputs_temporary: bool  # launcher chose the directory: removed once its files are in the work dir
     outputs_sync_interval: float
-    elastic: dict | None
+    recovery: dict | None  # {"minNodes", "maxRestarts", "retryOn"}: membership rounds (launcher.node.rounds)
     max_runtime: float | None  # seconds from the node's start, then the run fails
     hang_timeout: float | None  # seconds without a line from any training process, then the run fails
     resume_from: str | None
+    incarnation: int = 0  # 0: the node as first started; n: its n-th replacement (same name)
 
     @property
     def run_url(self) -> str:
@@ -80,7 +81,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
             outputs_dir=outputs_dir,
             outputs_temporary=not configured,
             outputs_sync_interval=float(env.get("LAUNCHER_OUTPUTS_SYNC_INTERVAL", "30")),
-            elastic=json.loads(env["LAUNCHER_ELASTIC"]) if env.get("LAUNCHER_ELASTIC") else None,
+            recovery=json.loads(env["LAUNCHER_RECOVERY"]) if env.get("LAUNCHER_RECOVERY") else None,
+            incarnation=int(env.get("LAUNCHER_NODE_INCARNATION", "0")),
             resume_from=env.get("LAUNCHER_RESUME_FROM") or None,
         )
     except (ValueError, TypeError) as exc:

@@ -12,7 +12,8 @@ from typing import Any
 from launcher.node.store import StoreError, WorkDir
 
 STATUS_PREFIX = "status"
-FINAL_STATES = ("succeeded", "failed", "cancelled")
+# lost: a member of a recovering run that died (the run went on without it, or with its replacement)
+FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
 
 
 def status_key(node: str) -> str:

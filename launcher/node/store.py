@@ -232,6 +232,20 @@ class WorkDir:
 
         return self._call(f"{'find' if recursive else 'list'} {prefix}", attempt)
 
+    def find_modified(self, prefix: str) -> dict[str, float]:
+        """Every object key under ``prefix``, recursively, with the time it was last written (Unix seconds)."""
+        path = self._path(prefix).rstrip("/")
+
+        def attempt() -> dict[str, float]:
+            try:
+                found = self.fs.find(path, detail=True, **self._timeout)
+            except FileNotFoundError:
+                return {}
+            return {name[len(path) + 1:]: _modified(info) for name, info in found.items()
+                    if name.startswith(path + "/") and not name.rsplit("/", 1)[-1].startswith(".")}
+
+        return self._call(f"find {prefix}", attempt)
+
     def remove_all(self) -> None:
         """Delete this run's whole directory. Only ``launcher clean`` does this: nodes never delete."""
         def attempt() -> None:
@@ -254,6 +268,17 @@ class WorkDir:
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
         _local_replace(local_path, data)
         return True
+
+
+def _modified(info: dict[str, Any]) -> float:
+    """When an object was written, from a listing's details (local: mtime; S3: LastModified; OCI: timeModified)."""
+    for name in ("mtime", "LastModified", "last_modified", "timeModified", "time_modified"):
+        value = info.get(name)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return value.timestamp()
+    return 0.0
 
 
 def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

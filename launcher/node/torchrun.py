@@ -12,6 +12,7 @@ Meaning of the variables (docs/protocol.md repeats this table):
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Mapping
 
@@ -19,6 +20,7 @@ from launcher.node.rendezvous import Decision
 from launcher.node.settings import NodeSettings
 
 
+CHECKPOINTS_SUBDIR = "checkpoints"  # LAUNCHER_CHECKPOINT_DIR, inside the outputs dir: synced and restored with it
 # Renamed by torch (which warns on the old name); specs written for the old name keep working.
 RENAMED_ENV = {"NCCL_ASYNC_ERROR_HANDLING": "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                "NCCL_BLOCKING_WAIT": "TORCH_NCCL_BLOCKING_WAIT"}
@@ -32,15 +34,15 @@ def rank_env(decision: Decision, settings: NodeSettings, processes: int) -> dict
         "LAUNCHER_OUTPUTS_DIR": settings.outputs_dir,
         "PYTHONUNBUFFERED": "1",
     }
-    if decision.mode == "static":
-        nnodes = len(decision.ranks)
-        node_rank = decision.ranks[settings.node]
-        env.update({
-            "NODE_RANK": str(node_rank),
-            "NNODES": str(nnodes),
-            "WORLD_SIZE": str(nnodes * processes),
-            "RANK": str(node_rank * processes),
-        })
+    nnodes = len(decision.ranks)
+    node_rank = decision.ranks[settings.node]
+    env.update({
+        "NODE_RANK": str(node_rank),
+        "NNODES": str(nnodes),
+        "WORLD_SIZE": str(nnodes * processes),
+        "RANK": str(node_rank * processes),
+        "LAUNCHER_CHECKPOINT_DIR": os.path.join(settings.outputs_dir, CHECKPOINTS_SUBDIR),
+    })
     return env
 
 
@@ -67,16 +69,8 @@ def torchrun_argv(decision: Decision, settings: NodeSettings, processes: int, *,
                                                       f"{wait_seconds:g}"]
     argv = [sys.executable, "-m", "launcher.node.torchrun_shim", *wait, "--",
             "--nproc-per-node", str(processes), "--log-dir", log_dir]
-    if decision.mode == "static":
-        argv += ["--nnodes", str(len(decision.ranks)), "--node-rank", str(decision.ranks[settings.node]),
-                 "--master-addr", decision.master_addr, "--master-port", str(decision.master_port)]
-    else:
-        elastic = settings.elastic or {}
-        is_host = "true" if decision.main == settings.node else "false"
-        argv += ["--nnodes", f"{elastic.get('minNodes', 1)}:{elastic.get('maxNodes', len(settings.nodes))}",
-                 "--max-restarts", str(elastic.get("maxRestarts", 0)),
-                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{decision.master_addr}:{decision.master_port}",
-                 "--rdzv-id", settings.run_id, "--rdzv-conf", f"is_host={is_host}"]
+    argv += ["--nnodes", str(len(decision.ranks)), "--node-rank", str(decision.ranks[settings.node]),
+             "--master-addr", decision.master_addr, "--master-port", str(decision.master_port)]
     return argv + list(settings.start_options) + entry_argv(settings) + list(settings.args)
 
 

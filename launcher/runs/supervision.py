@@ -131,6 +131,30 @@ def error_line(tail: list[str]) -> str | None:
     return next((line.strip() for line in reversed(tail) if ERROR_LINE.search(line)), None)
 
 
+def end_round_for_lost_node(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str,
+                            console_log: str, at: float | None) -> None:
+    """A member of a recovering run died: end its round (the others meet in the next) and mark it lost."""
+    from launcher.node.rounds import Rounds
+    from launcher.runs.recovery import LOST, RoundEnd
+
+    ended_at = time.time() if at is None else at
+    Rounds.end_for(run, int(status["round"]), RoundEnd(name, LOST, reason, exit_code, ended_at))
+    status.update({"node": name, "state": "lost", "exit_code": exit_code, "reason": reason, "ended_at": ended_at,
+                   "updated_at": time.time(), "reported_by": "supervisor", "console_log": console_log})
+    run.put(status_key(name), json.dumps(status).encode())
+
+
+def replacement_wanted(run: WorkDir, recovery: dict[str, Any] | None, replaced: int) -> bool:
+    """Whether a backend should start a lost node again: the run recovers, has restarts left, goes on."""
+    from launcher.node.rounds import latest_round
+    from launcher.runs.recovery import Policy
+
+    if not recovery or not Policy.from_settings(recovery).replaces(replaced) or CANCEL in run.list(CONTROL_PREFIX):
+        return False
+    latest = latest_round(run)
+    return latest is None or latest.give_up is None
+
+
 def start_supervisor(module: str, state_dir: str, run_url: str, payload: Any) -> dict[str, Any]:
     """Start ``python -m module STATE_DIR RUN_URL`` in its own session, hand it ``payload`` on stdin
     (so that secrets in env values never touch the disk) and return the JSON line it answers once
@@ -159,6 +183,9 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
     # Its console holds every line it printed, also those of its last seconds that never reached a log chunk.
     run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
     cancelled = CANCEL in run.list(CONTROL_PREFIX)
+    if status.get("round") is not None and not cancelled:  # a recovering run: its round ends, the run goes on
+        end_round_for_lost_node(run, name, status, exit_code, reason, console_log, at)
+        return
     tail = console_tail(console_log)
     said = error_line(tail)
     reason = f"{reason}: {said}" if said else reason

@@ -70,8 +70,8 @@ class RunView:
             return "running" if any(s in ("waiting", "running") or s in FINAL_STATES for s in states) else "pending"
         if self.never_started:
             return "failed to start"
-        if all(s == "succeeded" for s in states):
-            return "succeeded"
+        if "succeeded" in states and all(s in ("succeeded", "lost") for s in states):
+            return "succeeded"  # a recovering run goes on without the members it lost
         root = self.root_failure()
         if root is not None and (self.cancel is None or root.get("at", 0) <= self.cancel.get("at", 0)):
             return "failed"  # a cancel that came after the first failure does not change its cause
@@ -96,7 +96,8 @@ class RunView:
         """Nodes that failed on their own after the first one (the same error, say): not its victims."""
         root = self.root_failure()
         causes = self.failures + list(self.lost.values())
-        return sorted((f for f in causes if root is not None and f.get("node") != root.get("node")),
+        return sorted((f for f in causes if root is not None and f.get("node") != root.get("node")
+                       and f.get("reason") != root.get("reason")),  # the same decision, seen by every node
                       key=lambda f: f.get("at", 0))
 
     def root_failure(self) -> dict[str, Any] | None:
@@ -161,6 +162,7 @@ def closing_line(view: RunView) -> str:
         status = "" if root.get("exit_code") is None else f" with status {root.get('exit_code')}"
         line = f"run {run_id} failed: {node_label(root.get('node'))} exited{status}\n" \
                f"  cause: {root.get('reason')}"
+        line += "".join(f"\n  {earlier}" for earlier in root.get("rounds") or [])  # a recovering run's rounds
         tail = "".join(f"\n  | {text}" for text in root.get("last_output") or [])
         if root.get("console_log"):
             line += f"\n  it did not report its end; its console log is {root['console_log']}{tail}"

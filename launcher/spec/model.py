@@ -46,6 +46,12 @@ class Elastic:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    max_restarts: int
+    retry_on: tuple[str | int, ...]  # "lost", "failure", or exit codes
+
+
+@dataclass(frozen=True)
 class DataScienceJobInfra:
     project_id: str
     compartment_id: str
@@ -94,6 +100,7 @@ class Cluster:
     outputs_sync_interval: int
     max_runtime: int | None = None  # seconds
     hang_timeout: int | None = None  # seconds
+    recovery: Recovery | None = None  # None: fail fast (no restarts, no elastic rounds)
 
     @property
     def groups(self) -> tuple[NodeGroup, NodeGroup]:
@@ -290,6 +297,15 @@ def _oci_problems(data: dict) -> list[Problem]:
     return found
 
 
+def _recovery(data: dict | None, elastic: Elastic | None) -> Recovery | None:
+    """Runs recover when they ask to (``recovery``) or are elastic (membership rounds); else fail fast."""
+    if data is None and elastic is None:
+        return None
+    data = data or {}
+    restarts = data.get("maxRestarts", elastic.max_restarts if elastic else 0)
+    return Recovery(restarts, tuple(data.get("retryOn") or ("lost",)))
+
+
 def build(data: dict, source: Path | None = None) -> Spec:
     """Turn data that passed the schema and :func:`problems` into a :class:`Spec`."""
     top = data["spec"]
@@ -303,6 +319,7 @@ def build(data: dict, source: Path | None = None) -> Spec:
     elastic_data = cluster_data.get("elastic")
     elastic = Elastic(elastic_data["minNodes"], elastic_data["maxNodes"],
                       elastic_data.get("maxRestarts", 0)) if elastic_data else None
+    recovery = _recovery(cluster_data.get("recovery"), elastic)
     cluster = Cluster(
         image=cluster_data.get("image"),
         work_dir=cluster_data.get("workDir"),
@@ -318,6 +335,7 @@ def build(data: dict, source: Path | None = None) -> Spec:
         outputs_dir=cluster_data.get("outputsDir"),
         outputs_sync_interval=cluster_data.get("outputsSyncInterval", DEFAULT_OUTPUTS_SYNC_INTERVAL),
         max_runtime=_seconds(cluster_data.get("maxRuntime")),
+        recovery=recovery,
         hang_timeout=_seconds(cluster_data.get("hangTimeout")),
     )
     entry = runtime_data.get("module") or runtime_data["entryPoint"]

@@ -17,7 +17,7 @@ from launcher.node.outputs import OutputsSync, remove_temporary
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.runs.supervision import (CONSOLE_PREFIX, ProcessRef, console_log_path, record_on_behalf,
-                                       write_exit_record)
+                                       replacement_wanted, write_exit_record)
 
 
 def describe(returncode: int) -> tuple[int, str]:
@@ -52,12 +52,9 @@ def main(state_dir: str, run_url: str) -> int:
     children: dict[int, str] = {}
     refs: dict[str, ProcessRef] = {}
     for request in requests:
-        with open(console_log_path(state_dir, request["name"]), "ab") as console:
-            proc = subprocess.Popen(request["argv"], cwd=request["cwd"], env={**os.environ, **request["env"]},
-                                    stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        children[proc.pid] = request["name"]
-        refs[request["name"]] = ProcessRef.of(proc.pid)
+        pid = _spawn(request, state_dir)
+        children[pid] = request["name"]
+        refs[request["name"]] = ProcessRef.of(pid)
     # Recorded before the client hears of it: every verb finds the processes even if the client is gone.
     recorded = write_processes(state_dir, ProcessRef.of(os.getpid()), refs)
     try:
@@ -66,6 +63,9 @@ def main(state_dir: str, run_url: str) -> int:
     except BrokenPipeError:  # the client was interrupted; the run is recorded and goes on
         pass
     run = WorkDir(run_url)
+    by_name = {request["name"]: request for request in requests}
+    recovery = json.loads(requests[0]["env"].get("LAUNCHER_RECOVERY") or "null") if requests else None
+    replaced = 0
     while children:
         pid, wait_status = os.wait()
         name = children.pop(pid, None)
@@ -75,17 +75,34 @@ def main(state_dir: str, run_url: str) -> int:
         ended_at = time.time()
         print(f"{time.strftime('%H:%M:%S')} node {name} (pid {pid}) ended: {returncode}", file=sys.stderr, flush=True)
         exit_code, reason = describe(returncode)
+        status: dict = {}
         try:
             status = run.get_record(status_key(name))
             save_leftovers(run, name, status)
             record_on_behalf(run, name, status, exit_code, reason, str(console_log_path(state_dir, name)),
                              at=ended_at)
+            if status.get("state") == "lost" and replacement_wanted(run, recovery, replaced):
+                replaced += 1
+                pid = _spawn(by_name[name], state_dir, incarnation=replaced)
+                children[pid], refs[name] = name, ProcessRef.of(pid)
+                write_processes(state_dir, ProcessRef.of(os.getpid()), refs)
+                print(f"{time.strftime('%H:%M:%S')} node {name} replaced (pid {pid}, replacement {replaced})",
+                      file=sys.stderr, flush=True)
+                continue  # no exit record: the node goes on
         except StoreError as exc:
             print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
-        finally:
-            # Written last: a reader that sees it knows the node's outputs and logs are saved, or never will be.
-            write_exit_record(state_dir, name, exit_code, reason, ended_at, returncode=returncode)
+        # Written last: a reader that sees it knows the node's outputs and logs are saved, or never will be.
+        write_exit_record(state_dir, name, exit_code, reason, ended_at, returncode=returncode)
     return 0
+
+
+def _spawn(request: dict, state_dir: str, incarnation: int = 0) -> int:
+    """Start one node process in its own session, its output appended to its console log."""
+    env = {**os.environ, **request["env"], **({"LAUNCHER_NODE_INCARNATION": str(incarnation)} if incarnation else {})}
+    with open(console_log_path(state_dir, request["name"]), "ab") as console:
+        proc = subprocess.Popen(request["argv"], cwd=request["cwd"], env=env, stdin=subprocess.DEVNULL,
+                                stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc.pid
 
 
 if __name__ == "__main__":

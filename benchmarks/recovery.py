@@ -1,0 +1,107 @@
+"""How long a recovering run stops training when a node dies, on the local backend, against a whole-run restart.
+
+A 3-node elastic run (minNodes 2, maxRestarts 3) of a small DDP-style job (gloo, one all-reduce and a
+checkpoint per 0.3 s epoch) is started with `launcher run --detach`; at epoch 8 the node process of
+a worker (then, separately, of the main) is killed with SIGKILL. From the run's log records in the
+work dir (each line carries the time it was written):
+
+- back: from the kill to the first epoch line of the next round, on any survivor;
+- joined: from the kill to the first line of the replacement's training.
+
+For comparison, "restart": a new run of the same spec, from `launcher run` to its first epoch line,
+what a retry of the whole run costs before it trains again (not counting the epochs it repeats).
+
+    .venv/bin/python benchmarks/recovery.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, median
+
+sys.path.insert(0, str(REPO / "tests"))
+from cluster import write_spec  # noqa: E402
+from test_recovery import ELASTIC, JOB  # noqa: E402
+
+LAUNCHER = [sys.executable, "-m", "launcher"]
+
+
+def log_lines(run_dir: Path) -> list[tuple[float, str, str]]:
+    """(time, node, text) of every line the run's nodes shipped, in time order."""
+    lines = []
+    for chunk in run_dir.glob("logs/*/*.jsonl"):
+        for raw in chunk.read_text().splitlines():
+            record = json.loads(raw)
+            lines.append((record["t"], chunk.parent.name, record["m"]))
+    return sorted(lines)
+
+
+def wait_for_line(run_dir: Path, text: str, timeout: float = 180) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [t for t, _, line in log_lines(run_dir) if text in line]
+        if found:
+            return found[0]
+        time.sleep(0.1)  # the benchmark polls the work dir like `launcher watch`
+    raise TimeoutError(text)
+
+
+def one(victim: str, home: Path) -> tuple[float, float]:
+    directory = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    spec = write_spec(directory, JOB, nodes=3, extra_cluster=ELASTIC)
+    env = {**os.environ, "LAUNCHER_HOME": str(home)}
+    started = subprocess.run([*LAUNCHER, "run", "-f", str(spec), "--detach"], cwd=directory, env=env,
+                             capture_output=True, text=True, check=True)
+    run_id = started.stdout.split()[1].rstrip(":")
+    run_dir = directory / "wd" / run_id
+    wait_for_line(run_dir, "rank 0: epoch 8")
+    pid = json.loads((home / "runs" / run_id / "processes.json").read_text())["nodes"][victim]["pid"]
+    killed = time.time()
+    os.kill(pid, signal.SIGKILL)
+    subprocess.run([*LAUNCHER, "watch", run_id], env=env, capture_output=True, timeout=300)
+    after = [(t, node, line) for t, node, line in log_lines(run_dir) if t > killed]
+    back = next(t for t, node, line in after if node != victim and ": epoch " in line)
+    joined = next(t for t, node, line in after if node == victim and "resuming after epoch" in line)
+    return back - killed, joined - killed
+
+
+def whole_restart(home: Path) -> float:
+    directory = Path(tempfile.mkdtemp(prefix="bench-restart-"))
+    spec = write_spec(directory, JOB, nodes=3, extra_cluster=ELASTIC)
+    env = {**os.environ, "LAUNCHER_HOME": str(home)}
+    begun = time.time()
+    started = subprocess.run([*LAUNCHER, "run", "-f", str(spec), "--detach"], cwd=directory, env=env,
+                             capture_output=True, text=True, check=True)
+    run_id = started.stdout.split()[1].rstrip(":")
+    first = wait_for_line(directory / "wd" / run_id, "rank 0: epoch 1")
+    subprocess.run([*LAUNCHER, "cancel", run_id, "--grace", "5"], env=env, capture_output=True)
+    return first - begun
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    repeats = parser.parse_args().repeats
+    home = Path(tempfile.mkdtemp(prefix="bench-recovery-home-"))
+    results = {victim: [one(victim, home) for _ in range(repeats)] for victim in ("t-worker-1", "t-main")}
+    restarts = [whole_restart(home) for _ in range(repeats)]
+    print(f"local backend, 3 nodes (elastic, min 2), {repeats} runs each, median seconds after SIGKILL:")
+    for victim, timings in results.items():
+        print(f"  {victim:<11} training again on the survivors: {median([b for b, _ in timings]):5.2f} s "
+              f"(runs: {', '.join(f'{b:.2f}' for b, _ in timings)}); replacement training: "
+              f"{median([j for _, j in timings]):5.2f} s")
+    print(f"  whole-run restart, from `launcher run` to its first epoch: {median(restarts):5.2f} s "
+          f"(runs: {', '.join(f'{r:.2f}' for r in restarts)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""Membership rounds: how the nodes of a recovering run agree, again and again, on who trains together.
+
+Layout under ``{work dir}/{run id}/``::
+
+  rounds/{r}.json                 the decision of round r (r = 00000, 00001, ...): members and ranks,
+                                  main, MASTER_ADDR/PORT, restarts so far, and why the run stops, if so
+  rounds/{r}/nodes/{registration} a node asking to train in round r (the key format of launcher.node.rendezvous)
+  rounds/{r}/end/{node}.{kind}.json why round r ended, as a member saw it, or a supervisor for a dead member,
+                                  or a node asking to join
+
+A round's decision is created once (create-if-absent) from one listing of that round's
+registrations, so every node reads the same members: a node never trains in a round it is not a
+member of, and a registration that missed the decision joins the next round (and ends this one).
+A decision is made when the registered nodes include every member of the previous round that
+was not lost and at least ``minNodes``, or, with at least ``minNodes``, once no new node has
+registered for the settle time. See docs/protocol.md ("Recovery: membership rounds").
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from launcher.node.rendezvous import (Decision, Listed, PollPolicy, Registration, RendezvousError,
+                                      RendezvousStopped, RendezvousTimeout, decide_static, parse_node_key)
+from launcher.node.control import ControlWatch
+from launcher.node.status import status_key
+from launcher.node.store import WorkDir
+from launcher.runs.recovery import FAILURE, JOIN, LOST, Policy, RoundEnd
+
+ROUNDS_PREFIX = "rounds"
+
+
+class RunOver(Exception):
+    """Every member of the previous round succeeded while this node waited to join: nothing is left to do."""
+
+
+def round_name(number: int) -> str:
+    return f"{number:05d}"
+
+
+def decision_key(number: int) -> str:
+    return f"{ROUNDS_PREFIX}/{round_name(number)}.json"
+
+
+def end_key(number: int, end: RoundEnd) -> str:
+    """One record per node and kind: a lost node's end and its replacement's join are both kept."""
+    return f"{ROUNDS_PREFIX}/{round_name(number)}/end/{end.node}.{end.kind}.json"
+
+
+@dataclass(frozen=True)
+class Round:
+    number: int
+    decision: Decision | None  # None when the run stops instead (give_up)
+    restarts: int = 0
+    give_up: str | None = None
+    history: tuple[str, ...] = ()  # why each earlier round ended, in order
+
+    @property
+    def members(self) -> list[str]:
+        return list(self.decision.ranks) if self.decision else []
+
+    def to_bytes(self) -> bytes:
+        body = {"number": self.number, "decision": asdict(self.decision) if self.decision else None,
+                "restarts": self.restarts, "give_up": self.give_up, "history": list(self.history)}
+        return json.dumps(body, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Round":
+        body = json.loads(data)
+        decision = Decision(**body["decision"]) if body.get("decision") else None
+        return cls(body["number"], decision, body.get("restarts", 0), body.get("give_up"),
+                   tuple(body.get("history") or ()))
+
+
+def latest_round(store: WorkDir) -> Round | None:
+    """The run's newest decided round, or None before the first decision."""
+    numbers = sorted(int(name[:-5]) for name in store.list(ROUNDS_PREFIX) if name.endswith(".json")
+                     and name[:-5].isdigit())
+    data = store.get(decision_key(numbers[-1])) if numbers else None
+    return Round.from_bytes(data) if data else None
+
+
+@dataclass
+class Timing:
+    settle: float  # seconds without a new registration before deciding with whoever is there (>= minNodes)
+    first_settle: float  # the same for round 0, where nodes may still be starting
+    end_check: float  # seconds between checks of the current round's end markers while training
+
+    @classmethod
+    def for_store(cls, store: WorkDir) -> "Timing":
+        return cls(1.0, 10.0, 0.5) if store.is_local else cls(5.0, 30.0, 2.0)
+
+
+@dataclass
+class Rounds:
+    """One node's view of the run's rounds."""
+
+    store: WorkDir
+    order: Sequence[str]  # every node name the run may have, in the spec's order (rank order)
+    policy: Policy
+    timing: Timing = field(default_factory=lambda: Timing(1.0, 10.0, 0.5))
+    clock: Callable[[], float] = time.monotonic
+
+    def latest(self) -> Round | None:
+        return latest_round(self.store)
+
+    def read(self, number: int) -> Round | None:
+        data = self.store.get(decision_key(number))
+        return Round.from_bytes(data) if data else None
+
+    def end(self, number: int, end: RoundEnd) -> None:
+        """Record why round ``number`` ends, as ``end.node`` sees it (the members stop and meet in the next)."""
+        self.end_for(self.store, number, end)
+
+    @staticmethod
+    def end_for(store: WorkDir, number: int, end: RoundEnd) -> None:
+        store.put(end_key(number, end), json.dumps(asdict(end)).encode())
+
+    def ends(self, number: int) -> list[RoundEnd]:
+        prefix = f"{ROUNDS_PREFIX}/{round_name(number)}/end"
+        return [RoundEnd.from_record(self.store.get_record(f"{prefix}/{name}")) for name in self.store.list(prefix)
+                if name.endswith(".json")]
+
+    def ended(self, number: int) -> bool:
+        return bool(self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/end"))
+
+    def join(self, number: int, me: Registration, *, timeout: float, control: ControlWatch | None = None,
+             poll: PollPolicy | None = None) -> Round:
+        """Register in round ``number`` (or, when it was decided without this node, the next) and return the
+        round this node is a member of, or one that says the run stops."""
+        poll = poll or PollPolicy.for_store(self.store)
+        deadline = self.clock() + timeout
+        while True:
+            me = Registration(me.name, me.address, me.port, me.processes)  # a fresh nonce per round
+            registration = me.key.rsplit("/", 1)[1]
+            self.store.create(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes/{registration}",
+                              json.dumps(asdict(me)).encode())
+            decided = self._await(number, me, deadline, control, poll)
+            if decided.give_up or decided.decision.nonces.get(me.name) == me.nonce:
+                return decided
+            # decided without this node: ask to join the next round, and end this one so its members come too
+            self.end(number, RoundEnd(me.name, JOIN, f"node {me.name} joins", None, time.time()))
+            number += 1
+
+    def _await(self, number: int, me: Registration, deadline: float, control: ControlWatch | None,
+               poll: PollPolicy) -> Round:
+        previous = self.read(number - 1) if number > 0 else None
+        expected = self._expected(number, previous)
+        settle = self.timing.first_settle if number == 0 else self.timing.settle
+        seen: frozenset[str] = frozenset()
+        changed = self.clock()
+        for delay in poll.delays():
+            data = self.store.get(decision_key(number))
+            if data is not None:
+                return Round.from_bytes(data)
+            now = self.clock()
+            if control is not None and (stop := control.check()) is not None:
+                raise RendezvousStopped(stop)
+            registered = self._registered(number)
+            if previous is not None and previous.decision and self._all_succeeded(previous.members):
+                raise RunOver(f"round {previous.number} finished training before this node could join")
+            if frozenset(registered) != seen:
+                seen, changed = frozenset(registered), now
+            enough = len(registered) >= self.policy.min_nodes
+            if enough and (expected <= set(registered) or now - changed >= settle):
+                return self._publish(number, registered, previous)
+            if now >= deadline:
+                missing = [name for name in self.order if name in expected and name not in registered]
+                raise RendezvousTimeout(missing, len(registered), max(self.policy.min_nodes, len(expected)),
+                                        deadline - changed)
+            time.sleep(delay)
+
+    def _all_succeeded(self, members: list[str]) -> bool:
+        return all(self.store.get_record(status_key(name)).get("state") == "succeeded" for name in members)
+
+    def _expected(self, number: int, previous: Round | None) -> set[str]:
+        """Who round ``number`` waits for without settling: everyone at first, then the previous members
+        that were not lost."""
+        if previous is None:
+            return set(self.order)
+        gone = {end.node for end in self.ends(number - 1) if end.kind == LOST}
+        return set(previous.members) - gone
+
+    def _registered(self, number: int) -> dict[str, Listed]:
+        registered: dict[str, Listed] = {}
+        for entry in self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes"):
+            listed = parse_node_key(entry)
+            if listed is None or listed.name not in self.order:
+                continue
+            registered[listed.name] = listed  # a name twice (a replacement of a node that had registered): one
+        return registered
+
+    def _publish(self, number: int, registered: dict[str, Listed], previous: Round | None) -> Round:
+        restarts, history, give_up = 0, (), None
+        if previous is not None:
+            ends = self.ends(number - 1)
+            restarts, give_up = self.policy.next_round(ends, previous.restarts)
+            history = previous.history + (_summary(number - 1, ends),)
+        try:
+            decision = None if give_up else decide_static(registered, self.order)
+        except RendezvousError as exc:
+            decision, give_up = None, str(exc)
+        decided = Round(number, decision, restarts, give_up, history)
+        if self.store.create(decision_key(number), decided.to_bytes()):
+            return decided
+        return Round.from_bytes(self.store.get(decision_key(number)) or decided.to_bytes())
+
+
+def _summary(number: int, ends: list[RoundEnd]) -> str:
+    causes = sorted((end for end in ends if end.kind in (LOST, FAILURE)), key=lambda end: end.at)
+    shown = causes or sorted(ends, key=lambda end: end.at)
+    what = "; ".join(f"node {end.node}: {end.reason}" for end in shown[:3]) or "no reason recorded"
+    return f"round {number}: {what}"

@@ -1,0 +1,72 @@
+"""The recovery policy, in one place: which ends of a membership round are retried, how many restarts a run
+gets, and whether a lost node is replaced. Pure: used by the nodes when they decide a round
+(:mod:`launcher.node.rounds`) and by the backends' supervisors when a node process dies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+LOST = "lost"  # the node, or one of its training processes, was killed from outside (or died)
+FAILURE = "failure"  # training exited non-zero on its own (an exception, an exit code)
+PEER = "peer"  # this node's ranks only lost a peer: a consequence, never a cause
+JOIN = "join"  # a node (a replacement, or one more) asks to join: no failure at all
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """Why a round ended, as one node (or a supervisor, for a dead node) recorded it."""
+
+    node: str
+    kind: str  # LOST, FAILURE, PEER or JOIN
+    reason: str
+    exit_code: int | None = None
+    at: float = 0.0
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "RoundEnd":
+        return cls(str(record.get("node")), str(record.get("kind")), str(record.get("reason")),
+                   record.get("exit_code"), float(record.get("at") or 0.0))
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_restarts: int
+    retry_on: tuple[str | int, ...] = (LOST,)
+    min_nodes: int = 1
+
+    @classmethod
+    def from_settings(cls, recovery: Mapping[str, Any]) -> "Policy":
+        return cls(int(recovery.get("maxRestarts", 0)), tuple(recovery.get("retryOn") or (LOST,)),
+                   int(recovery.get("minNodes", 1)))
+
+    def retried(self, end: RoundEnd) -> bool:
+        if end.kind in (JOIN, PEER):
+            return True
+        if end.kind == LOST:
+            return LOST in self.retry_on
+        return FAILURE in self.retry_on or end.exit_code in self.retry_on
+
+    def next_round(self, ends: Iterable[RoundEnd], restarts: int) -> tuple[int, str | None]:
+        """(restarts after this round change, why the run must stop instead, or None)."""
+        causes = sorted((end for end in ends if end.kind in (LOST, FAILURE)), key=lambda end: end.at)
+        refused = next((end for end in causes if not self.retried(end)), None)
+        if refused is not None:
+            return restarts, f"not retried ({_kind_words(refused)} is not in recovery.retryOn): {_said(refused)}"
+        if not causes:
+            return restarts, None  # a join: no restart is used up
+        if restarts >= self.max_restarts:
+            return restarts, f"gave up after {restarts} of {self.max_restarts} restarts: {_said(causes[0])}"
+        return restarts + 1, None
+
+    def replaces(self, restarts_so_far: int) -> bool:
+        """Whether a backend starts a lost node again (as the same node, a new incarnation)."""
+        return restarts_so_far < self.max_restarts and LOST in self.retry_on
+
+
+def _kind_words(end: RoundEnd) -> str:
+    return "a lost node" if end.kind == LOST else f"exit status {end.exit_code}"
+
+
+def _said(end: RoundEnd) -> str:
+    return f"node {end.node}: {end.reason}"

@@ -1,0 +1,133 @@
+"""Recovery through the real CLI, real torchrun and real processes on the local backend: elastic runs go on
+when a node (worker or main) or one training process is killed, lost nodes are replaced, static runs with
+restarts resume from their checkpoint, and a failure that happens every time is not retried forever.
+
+The job trains a tiny model whose every step averages the same gradient on every rank, so its final
+weights do not depend on who was there but on every epoch having run exactly once: one repeated or
+skipped epoch changes them. It checkpoints through LAUNCHER_CHECKPOINT_DIR and resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from clirun import Watcher, run_id_from
+from cluster import write_spec
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+EPOCHS = 30
+JOB = f"""
+import os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+checkpoints = os.environ["LAUNCHER_CHECKPOINT_DIR"]
+os.makedirs(checkpoints, exist_ok=True)
+path = os.path.join(checkpoints, "state.pt")
+state = torch.load(path) if os.path.exists(path) else {{"epoch": 0, "w": torch.zeros(4)}}
+w = state["w"]
+print(f"rank {{rank}} of {{world}}: resuming after epoch {{state['epoch']}}", flush=True)
+for epoch in range(state["epoch"] + 1, {EPOCHS} + 1):
+    if os.environ.get("FAIL_AT") == str(epoch) and rank == 1:
+        raise ValueError(f"bad batch at epoch {{epoch}}")
+    grad = w - 1.0
+    dist.all_reduce(grad)
+    w = w - 0.1 * grad / world
+    time.sleep(0.3)
+    if rank == 0:
+        torch.save({{"epoch": epoch, "w": w}}, os.path.join(checkpoints, ".state.tmp"))
+        os.replace(os.path.join(checkpoints, ".state.tmp"), path)
+        torch.save(w, os.path.join(os.environ["LAUNCHER_OUTPUTS_DIR"], "model.pt"))
+    print(f"rank {{rank}}: epoch {{epoch}}", flush=True)
+"""
+EXPECTED = 1 - 0.9 ** EPOCHS  # every weight, after EPOCHS steps from 0 towards 1 with rate 0.1
+ELASTIC = {"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 3}}
+
+
+def start(tmp_path: Path, nodes: int, cluster: dict, env: list | None = None) -> tuple[str, Watcher]:
+    spec = write_spec(tmp_path, JOB, nodes=nodes, extra_cluster=cluster, env=env)
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = run_id_from(started.stdout)
+    return run_id, Watcher(run_id, dict(os.environ))
+
+
+def node_pid(home: Path, run_id: str, node: str) -> int:
+    return json.loads((home / "runs" / run_id / "processes.json").read_text())["nodes"][node]["pid"]
+
+
+def training_pid(tmp_path: Path, run_id: str, node: str) -> int:
+    """The training process of ``node`` (local rank 0), from the file its stack hook writes."""
+    status = json.loads((tmp_path / "wd" / run_id / "status" / f"{node}.json").read_text())
+    return int((Path(status["training_logs"]) / "stacks" / "0.stack").read_text().split()[1])
+
+
+def final_weights(tmp_path: Path, run_id: str) -> torch.Tensor:
+    models = sorted((tmp_path / "wd" / run_id / "outputs").glob("*/model.pt"), key=lambda p: p.stat().st_mtime)
+    return torch.load(models[-1])
+
+
+def finish(watcher: Watcher) -> str:
+    code, output = watcher.finish(timeout=240)
+    assert code == 0, output[-4000:]
+    return output
+
+
+@pytest.mark.parametrize("victim", ["t-worker-1", "t-main"])
+def test_an_elastic_run_goes_on_when_a_node_is_killed(tmp_path, launcher_home, victim):
+    run_id, watcher = start(tmp_path, 3, ELASTIC)
+    watcher.wait_for(r"rank 0: epoch 8\b", timeout=180)
+    os.kill(node_pid(launcher_home, run_id, victim), signal.SIGKILL)
+    output = finish(watcher)
+    assert f"node {victim} lost: node process killed by SIGKILL" in output
+    assert "restart 1 of 3" in output and "resuming after epoch 0" in output
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in output.splitlines() if "resuming after epoch" in line]
+    assert max(resumed) >= 7  # training went on from the checkpoint, not from the start
+    assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "succeeded"
+
+
+def test_an_elastic_run_goes_on_when_one_training_process_is_killed(tmp_path, launcher_home):
+    run_id, watcher = start(tmp_path, 3, ELASTIC)
+    watcher.wait_for(r"rank 0: epoch 8\b", timeout=180)
+    os.kill(training_pid(tmp_path, run_id, "t-worker-0"), signal.SIGKILL)
+    output = finish(watcher)
+    assert "node t-worker-0 lost: rank 1 killed by SIGKILL" in output
+    assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)
+
+
+def test_a_static_run_with_restarts_resumes_from_its_checkpoint(tmp_path, launcher_home):
+    run_id, watcher = start(tmp_path, 2, {"recovery": {"maxRestarts": 2}})
+    watcher.wait_for(r"rank 0: epoch 6\b", timeout=180)
+    os.kill(node_pid(launcher_home, run_id, "t-worker-0"), signal.SIGKILL)
+    output = finish(watcher)
+    assert "restart 1 of 2" in output
+    second_attempt = [line for line in output.splitlines() if "rank 1 of 2: resuming after epoch" in line][-1]
+
+    assert int(second_attempt.rsplit(" ", 1)[1]) >= 5  # its first epoch is not 1
+    assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)
+
+
+@pytest.mark.parametrize("recovery, said", [
+    ({"maxRestarts": 2, "retryOn": ["failure"]}, "gave up after 2 of 2 restarts: node t-worker-0: rank 1: "
+                                                 "ValueError: bad batch at epoch 3"),
+    ({"maxRestarts": 2}, "not retried (exit status 1 is not in recovery.retryOn): node t-worker-0: rank 1: "
+                         "ValueError: bad batch at epoch 3"),
+])
+def test_a_failure_that_happens_every_time_is_not_retried_forever(tmp_path, launcher_home, recovery, said):
+    spec = write_spec(tmp_path, JOB, nodes=2, extra_cluster={"recovery": recovery},
+                      env=[{"name": "FAIL_AT", "value": "3"}])
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=240)
+    assert done.returncode == 1, done.stdout[-3000:]
+    summary = done.stdout[done.stdout.rindex("\nrun "):]
+    assert said in summary, summary
+    if "failure" in recovery.get("retryOn", []):  # every attempt's cause is shown
+        assert summary.count("ValueError: bad batch at epoch 3") >= 3, summary

@@ -1,0 +1,139 @@
+"""Membership rounds (launcher.node.rounds) on a real local work dir, nodes as threads: every node that
+trains in a round was given the same members; lost members leave, joiners come in at the next round;
+the recovery policy decides restarts and when to stop."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from launcher.node.rendezvous import PollPolicy, Registration
+from launcher.node.rounds import Rounds, Timing, latest_round
+from launcher.node.store import WorkDir
+from launcher.runs.recovery import FAILURE, JOIN, LOST, PEER, Policy, RoundEnd
+
+NODES = ["m", "w-0", "w-1"]
+FAST = Timing(settle=0.3, first_settle=0.5, end_check=0.05)
+
+
+def rounds_of(store: WorkDir, policy: Policy) -> Rounds:
+    return Rounds(store, NODES, policy, FAST)
+
+
+def join_all(store: WorkDir, policy: Policy, names: list[str], number: int, delays: dict[str, float] | None = None):
+    """Every node in ``names`` joins round ``number`` at once (after its delay); their rounds, by node."""
+    results: dict[str, object] = {}
+
+    def join(name: str) -> None:
+        time.sleep((delays or {}).get(name, 0.0))
+        me = Registration(name, "127.0.0.1", 1000 + NODES.index(name))
+        results[name] = rounds_of(store, policy).join(number, me, timeout=20,
+                                                      poll=PollPolicy(initial=0.01, cap=0.02))
+
+    threads = [threading.Thread(target=join, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+@pytest.fixture
+def store(tmp_path) -> WorkDir:
+    return WorkDir(str(tmp_path / "run"))
+
+
+def test_the_first_round_has_everyone_in_the_specs_order(store):
+    joined = join_all(store, Policy(2, min_nodes=2), NODES, 0, delays={"m": 0.2})
+    assert {r.number for r in joined.values()} == {0}
+    decision = joined["w-1"].decision
+    assert decision.ranks == {"m": 0, "w-0": 1, "w-1": 2} and decision.main == "m"
+    assert all(r == joined["m"] for r in joined.values())
+
+
+def test_a_lost_member_leaves_at_once_and_counts_as_a_restart(store):
+    join_all(store, Policy(2, min_nodes=2), NODES, 0)
+    rounds_of(store, Policy(2, min_nodes=2)).end(0, RoundEnd("w-1", LOST, "killed", 137, time.time()))
+    started = time.monotonic()
+    joined = join_all(store, Policy(2, min_nodes=2), ["m", "w-0"], 1)
+    assert time.monotonic() - started < FAST.settle  # no settling: every member that was not lost is there
+    assert list(joined["m"].decision.ranks) == ["m", "w-0"] and joined["m"].restarts == 1
+    assert joined["m"].history == ("round 0: node w-1: killed",)
+
+
+def test_the_main_can_be_lost_too(store):
+    join_all(store, Policy(1, min_nodes=2), NODES, 0)
+    rounds_of(store, Policy(1, min_nodes=2)).end(0, RoundEnd("m", LOST, "killed", 137, time.time()))
+    joined = join_all(store, Policy(1, min_nodes=2), ["w-0", "w-1"], 1)
+    assert joined["w-0"].decision.main == "w-0" and joined["w-0"].decision.ranks == {"w-0": 0, "w-1": 1}
+
+
+def test_a_node_that_missed_a_decision_ends_that_round_and_joins_the_next_without_a_restart(store):
+    policy = Policy(0, min_nodes=2)
+    join_all(store, policy, ["m", "w-0"], 0)  # decided after settling, without w-1
+    late: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: late.update(joined=rounds_of(store, policy).join(
+        0, Registration("w-1", "127.0.0.1", 1002), timeout=20, poll=PollPolicy(initial=0.01, cap=0.02))))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not rounds_of(store, policy).ended(0) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the members learn of the joiner from the round's end marker, as the nodes do
+    assert [end.kind for end in rounds_of(store, policy).ends(0)] == [JOIN]
+    joined = join_all(store, policy, ["m", "w-0"], 1)
+    thread.join(10)
+    assert late["joined"].number == 1 and late["joined"] == joined["m"]
+    assert list(joined["m"].decision.ranks) == NODES and joined["m"].restarts == 0  # a join uses no restart
+
+
+def test_a_static_round_waits_for_the_replacement(store):
+    policy = Policy(1, min_nodes=3)  # static: every node, always
+    join_all(store, policy, NODES, 0)
+    rounds_of(store, policy).end(0, RoundEnd("w-0", LOST, "killed", 137, time.time()))
+    joined = join_all(store, policy, NODES, 1, delays={"w-0": 0.8})  # the replacement comes later than settle
+    assert list(joined["m"].decision.ranks) == NODES and joined["m"].restarts == 1
+
+
+@pytest.mark.parametrize("policy, ends, give_up", [
+    (Policy(2), [RoundEnd("w-0", FAILURE, "rank 1: ValueError: bad", 1, 1.0)],
+     "not retried (exit status 1 is not in recovery.retryOn): node w-0: rank 1: ValueError: bad"),
+    (Policy(2, retry_on=("lost", 3)), [RoundEnd("w-0", FAILURE, "exit 3", 3, 1.0)], None),
+    (Policy(2, retry_on=("failure",)), [RoundEnd("w-0", FAILURE, "x", 1, 1.0), RoundEnd("m", PEER, "lost", 1, 0.5)],
+     None),
+    (Policy(0), [RoundEnd("w-0", LOST, "killed", 137, 1.0)], "gave up after 0 of 0 restarts: node w-0: killed"),
+])
+def test_the_policy_decides_which_ends_are_retried(policy, ends, give_up):
+    assert policy.next_round(ends, 0)[1] == give_up
+
+
+def test_the_run_stops_when_its_restarts_are_used_up(store):
+    policy = Policy(1, retry_on=("failure",), min_nodes=2)
+    join_all(store, policy, ["m", "w-0"], 0)
+    for number in (0, 1):
+        rounds_of(store, policy).end(number, RoundEnd("w-0", FAILURE, f"rank 1: ValueError (round {number})", 1,
+                                                      time.time()))
+        joined = join_all(store, policy, ["m", "w-0"], number + 1)
+    final = joined["m"]
+    assert final.give_up == "gave up after 1 of 1 restarts: node w-0: rank 1: ValueError (round 1)"
+    assert final.history == ("round 0: node w-0: rank 1: ValueError (round 0)",
+                             "round 1: node w-0: rank 1: ValueError (round 1)")
+    assert latest_round(store) == final
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.floats(0, 0.3), min_size=3, max_size=3), st.integers(0, 2**32 - 1))
+def test_every_node_of_a_round_gets_the_same_members_whatever_the_timing(tmp_path_factory, delays, seed):
+    store = WorkDir(str(tmp_path_factory.mktemp("run")))
+    policy = Policy(3, min_nodes=2)
+    names = random.Random(seed).sample(NODES, 3)
+    joined = join_all(store, policy, names, 0, delays=dict(zip(names, delays)))
+    by_round: dict[int, list] = {}
+    for result in joined.values():
+        by_round.setdefault(result.number, []).append(result)
+    for same_round in by_round.values():
+        assert all(result == same_round[0] for result in same_round)
+    for name, result in joined.items():
+        assert name in result.decision.ranks  # nobody trains in a round it is not a member of
