@@ -29,6 +29,7 @@ from pathlib import Path
 from common import REPO, median
 
 sys.path.insert(0, str(REPO / "tests"))
+from clirun import run_id_from  # noqa: E402
 from cluster import write_spec  # noqa: E402
 from test_recovery import ELASTIC, JOB  # noqa: E402
 
@@ -61,7 +62,7 @@ def one(victim: str, home: Path) -> tuple[float, float]:
     env = {**os.environ, "LAUNCHER_HOME": str(home)}
     started = subprocess.run([*LAUNCHER, "run", "-f", str(spec), "--detach"], cwd=directory, env=env,
                              capture_output=True, text=True, check=True)
-    run_id = started.stdout.split()[1].rstrip(":")
+    run_id = run_id_from(started.stdout)
     run_dir = directory / "wd" / run_id
     wait_for_line(run_dir, "rank 0: epoch 8")
     pid = json.loads((home / "runs" / run_id / "processes.json").read_text())["nodes"][victim]["pid"]
@@ -81,7 +82,7 @@ def whole_restart(home: Path) -> float:
     begun = time.time()
     started = subprocess.run([*LAUNCHER, "run", "-f", str(spec), "--detach"], cwd=directory, env=env,
                              capture_output=True, text=True, check=True)
-    run_id = started.stdout.split()[1].rstrip(":")
+    run_id = run_id_from(started.stdout)
     first = wait_for_line(directory / "wd" / run_id, "rank 0: epoch 1")
     subprocess.run([*LAUNCHER, "cancel", run_id, "--grace", "5"], env=env, capture_output=True)
     return first - begun

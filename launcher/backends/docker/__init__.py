@@ -73,7 +73,7 @@ class DockerBackend(Backend):
         from launcher.dockerengine import connect
         from launcher.image.identity import stale_note
 
-        problem = unreachable_s3_endpoint(dryrun.plan, os.environ)
+        problem = self.replacement_problem(dryrun.plan.spec) or unreachable_s3_endpoint(dryrun.plan, os.environ)
         if problem:
             raise BadInput(problem)
         client = connect()

@@ -45,6 +45,7 @@ def _available_mib() -> int | None:
 
 
 class LocalBackend(Backend):
+    replaces_lost_nodes = True
     name = "local"
     node_command = (sys.executable, "-m", "launcher.node")
 

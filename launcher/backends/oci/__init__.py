@@ -76,6 +76,8 @@ class OciBackend(Backend):
     def _problems(self, dryrun: DryRun) -> list[str]:
         infra = _infra(dryrun.plan.spec)
         problems = bodies.limit_problems(dryrun.plan)
+        if (replacement := self.replacement_problem(dryrun.plan.spec)) is not None:
+            problems.append(replacement)
         if bodies.launch_mode(infra) == "perNode" and len(dryrun.plan.nodes) > 1 and not infra.subnet_id:
             problems.append("per-node job runs reach each other only on a subnet of yours: set subnetId, or use "
                             "launchMode: native")
