@@ -122,14 +122,16 @@ def test_the_dry_run_shows_each_local_nodes_gpus(tmp_path, fake_gpus, count, dev
 
 
 @pytest.mark.parametrize("count, devices", [(0, [None, None]), (1, [None, None]), (4, [["0", "1"], ["2", "3"]])])
-def test_docker_nodes_get_the_same_share_as_device_requests(tmp_path, fake_gpus, count, devices):
+def test_docker_nodes_get_the_same_share_as_device_requests(tmp_path, fake_gpus, launcher_home, count, devices):
     """Containers get host GPUs by device request (renumbered from 0 inside), never by a host index in env."""
     fake_gpus(count)
-    spec = write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": "auto"})
+    spec = write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": "auto",
+                                                                "image": "launcher-test/gpu-node:1"})
     done = run_cli("run", "-f", str(spec), "--backend", "docker", "--dry-run", "--output", "json")
     assert done.returncode == 0, done.stderr
     dry = json.loads(done.stdout)
-    requests = [request["body"].get("device_requests") for request in dry["requests"]]
+    requests = [request["body"].get("device_requests") for request in dry["requests"]
+                if request["operation"] == "containers.create"]
     assert requests == [None if ids is None else [{"Driver": "nvidia", "DeviceIDs": ids, "Capabilities": [["gpu"]]}]
                         for ids in devices]
     assert all("CUDA_VISIBLE_DEVICES" not in node["env"] for node in dry["nodes"])

@@ -42,7 +42,7 @@ def test_run_trains_the_example_on_local_nodes(tmp_path, launcher_home, workers)
         assert f"{node['rank']:>4}  {name}" in config
         assert re.search(rf"^\[{re.escape(name)}\s+r{node['rank']}\] ", watch.stdout, re.M), name
         # each node's last line (written just before its final status) reached the followed output
-        assert re.search(rf"^\[{re.escape(name)}\s+r\d\] \[launcher\] succeeded \(exit status 0\)$",
+        assert re.search(rf"^\[{re.escape(name)}\s*\] \[launcher\] succeeded \(exit status 0\)$",
                          done.stdout, re.M), name
 
     info = info_of(launcher_home, run_id)

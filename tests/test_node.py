@@ -163,16 +163,16 @@ def test_work_dir_on_s3(tmp_path, moto, s3_bucket):
     assert cluster.run.url.startswith(f"s3://{s3_bucket}/runs/")
 
 
-def test_elastic_mode_uses_c10d_rendezvous_on_the_main(tmp_path):
-    script = CHECK.replace('assert os.environ["NNODES"] == str(world) and os.environ["NODE_RANK"] == str(rank)\n', "")
-    spec = write_spec(tmp_path, script, nodes=2, extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 2}})
+def test_elastic_runs_train_in_membership_rounds_of_static_torchrun(tmp_path):
+    spec = write_spec(tmp_path, CHECK, nodes=2, extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 2}})
     cluster = Cluster(spec)
     codes = cluster.wait()
     assert codes == {name: 0 for name in cluster.nodes}, {k: v.output for k, v in cluster.nodes.items()}
-    decision = json.loads(cluster.run.get("rendezvous.json"))
-    assert decision["mode"] == "elastic" and decision["ranks"] == {}
-    main_log = cluster.nodes[decision["main"]].output
-    assert "--rdzv-backend c10d" in main_log and "is_host=true" in main_log
+    first = json.loads(cluster.run.get("rounds/00000.json"))
+    assert first["decision"]["ranks"] == {"t-main": 0, "t-worker-0": 1} and first["restarts"] == 0
+    assert cluster.run.get("rendezvous.json") is None
+    main_log = cluster.nodes["t-main"].output
+    assert "--rdzv-backend" not in main_log and "--node-rank 0" in main_log
     assert sorted(l.split()[1] for n in cluster.nodes.values() for l in n.lines if "all_reduce ok" in l) == \
         ["0/2", "1/2"]
 

@@ -92,7 +92,8 @@ def test_an_elastic_run_goes_on_when_a_node_is_killed(tmp_path, launcher_home, v
     assert max(resumed) >= 7  # training went on from the checkpoint, not from the start
     assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)
     status = json.loads(run_cli("status", run_id, "--json").stdout)
-    assert status["result"] == "succeeded"
+    assert status["result"] == "succeeded" and status["rounds"]["restarts"] >= 1
+    assert any(f"node {victim}: node process killed by SIGKILL" in line for line in status["rounds"]["history"])
 
 
 def test_an_elastic_run_goes_on_when_one_training_process_is_killed(tmp_path, launcher_home):

@@ -97,7 +97,7 @@ class Backend(ABC):
                          resume_from=resume_from, extra_env=self.node_env_extra(spec), node_extra_env=devices,
                          built_image=self.built_image(spec))
         notes = notes + device_notes + [f"warning: {warning}" for warning in spec.warnings]
-        if plan.image and plan.image.tag == image_tag(spec):
+        if plan.image and plan.image.tag == image_tag(spec) and self.runs_images:
             notes.append(f'"@image" has not been built for this spec yet: `launcher build -f {spec.source or "SPEC"}` '
                          "builds it")
         if spec.cluster.processes_per_node is None:
@@ -110,6 +110,7 @@ class Backend(ABC):
         return DryRun(self.name, plan, tuple(self.requests(plan)), tuple(notes))
 
     replaces_lost_nodes = False  # whether a lost node is started again (static recovering runs need it)
+    runs_images = True  # whether the nodes run in the image (the local backend runs the code directory)
 
     def replacement_problem(self, spec: Spec) -> str | None:
         """A static run with recovery waits for replacements: refuse it where this backend makes none."""

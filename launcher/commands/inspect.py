@@ -41,14 +41,26 @@ def _address(record: dict) -> str:
     return f"{address} ({record['interface']})" if record.get("interface") else address
 
 
+def _rounds(info: RunInfo) -> dict | None:
+    """A recovering run's current membership round, restarts and why each earlier round ended."""
+    from launcher.node.rounds import latest_round
+
+    latest = latest_round(open_run(info))
+    if latest is None:
+        return None
+    return {"round": latest.number, "members": latest.members, "restarts": latest.restarts,
+            "history": list(latest.history), "give_up": latest.give_up}
+
+
 def status(ref: str | None, *, as_json: bool) -> int:
     info = resolve_run(ref)
     view = read_view(info)
     if view.lost:
         record_lost(view, open_run(info))
+    rounds = _rounds(info)
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
-                   "result": view.result,
+                   "result": view.result, "rounds": rounds,
                    "work_dir": info.run_url, "nodes": {n: view.statuses.get(n) for n in info.nodes},
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
                    "stopped_because_of_it": view.victims()},
@@ -66,6 +78,9 @@ def status(ref: str | None, *, as_json: bool) -> int:
                          _age(record.get("updated_at")), record.get("reason") or ""])
         origin = "" if info.recorded else "; not recorded here: its work dir's view"
         print(f"run {info.run_id} ({info.backend}{origin}): {view.result}")
+        if rounds:
+            print(f"round {rounds['round']}: members {', '.join(rounds['members']) or '-'}; "
+                  f"{rounds['restarts']} restarts" + "".join(f"\n  {line}" for line in rounds["history"]))
         print(_table(rows))
         for name in info.nodes:
             accelerators = view.statuses.get(name, {}).get("accelerators") or {}
@@ -87,7 +102,8 @@ def show_config(ref: str | None) -> int:
     print(f"main node:    {decision['main']}")
     print(f"MASTER_ADDR:  {decision['master_addr']}")
     print(f"MASTER_PORT:  {decision['master_port']}")
-    print(f"mode:         {decision['mode']}")
+    if "round" in decision:
+        print(f"round:        {decision['round']} (a recovering run; `status` says why earlier rounds ended)")
     if decision["ranks"]:
         nodes = len(decision["ranks"])
         print(f"NNODES:       {nodes}")

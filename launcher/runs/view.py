@@ -123,13 +123,23 @@ def read_view(info: RunInfo, run: WorkDir | None = None, backend: Backend | None
     statuses = {}
     for name in info.nodes:
         statuses[name] = run.get_record(status_key(name))
-    decision = run.get_record(DECISION_KEY)
+    decision = run.get_record(DECISION_KEY) or _round_decision(run)
     control = run.list(CONTROL_PREFIX)
     failures = [run.get_record(f"{CONTROL_PREFIX}/{name}") for name in control if name.startswith("failed.")]
     cancel = run.get_record(f"{CONTROL_PREFIX}/{CANCEL}") if CANCEL in control else None
     limit = run.get_record(f"{CONTROL_PREFIX}/{LIMIT}") if LIMIT in control else None
     return RunView(info, {n: s for n, s in statuses.items() if s}, decision or None,
                    [f for f in failures if f], cancel, fates, limit or None)
+
+
+def _round_decision(run: WorkDir) -> dict[str, Any]:
+    """A recovering run's current decision: that of its latest membership round, with the round's number."""
+    from dataclasses import asdict
+
+    from launcher.node.rounds import latest_round
+
+    latest = latest_round(run)
+    return {**asdict(latest.decision), "round": latest.number} if latest and latest.decision else {}
 
 
 def record_lost(view: RunView, run: WorkDir) -> None:
