@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import venv
@@ -29,7 +30,8 @@ def installed(tmp_path_factory) -> Path:
 
 def test_every_offline_verb_works_from_the_wheel(installed, tmp_path):
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(installed), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        return subprocess.run([str(installed), *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "LAUNCHER_HOME": str(tmp_path / "home")})
 
     assert cli("init", "--framework", "pytorch", "--dir", "proj").returncode == 0
     assert (tmp_path / "proj/artifacts/pytorch/v1/Dockerfile").exists()
@@ -39,7 +41,10 @@ def test_every_offline_verb_works_from_the_wheel(installed, tmp_path):
         done = cli("run", "-f", spec, "--dry-run", "--backend", backend, "--output", "json")
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["backend"] == backend
-    done = cli("compose", "-f", "proj/train.yaml", "-o", "compose.yaml")
-    assert done.returncode == 0 and (tmp_path / "compose.yaml").exists()
+    # compose builds "@image" first (an engine, a base image); a named image needs neither
+    named = tmp_path / "proj" / "named.yaml"
+    named.write_text((tmp_path / "proj" / "train.yaml").read_text().replace('image: "@image"', "image: train:1"))
+    done = cli("compose", "-f", str(named), "-o", "compose.yaml")
+    assert done.returncode == 0 and (tmp_path / "compose.yaml").exists(), done.stderr
     bad = cli("validate", "-f", "missing.yaml")
     assert bad.returncode == 2

@@ -119,7 +119,7 @@ class DockerBackend(Backend):
         from launcher.backends.docker.launch import engine_end_time, remove_run, run_containers
         from launcher.backends.docker.supervisor import node_ended
         from launcher.dockerengine import connect
-        from launcher.node.store import WorkDir
+        from launcher.node.store import StoreError, WorkDir
         from launcher.runs.supervision import recorded_fate
 
         try:
@@ -141,8 +141,12 @@ class DockerBackend(Backend):
             if state.get("Running") or state.get("Status") in ("created", "restarting"):
                 fates[name] = NodeFate(True)
                 continue
-            node_ended(client, WorkDir(info.run_url), info.state_dir, name, container.id,
-                       int(state.get("ExitCode", -1)), engine_end_time(state))
+            try:
+                node_ended(client, WorkDir(info.run_url), info.state_dir, name, container.id,
+                           int(state.get("ExitCode", -1)), engine_end_time(state))
+            except (StoreError, docker.errors.DockerException):  # the next command that looks tries again
+                fates[name] = NodeFate(True)
+                continue
             fates[name] = recorded_fate(info.state_dir, name) or NodeFate(False, int(state.get("ExitCode", -1)))
         if all(not fate.running for fate in fates.values()) and len(fates) + len(exclude) == len(info.nodes) \
                 and not _keeps_containers(info):

@@ -62,13 +62,13 @@ def remove_run(client: Any, run_id: str) -> list[str]:
         try:
             container.remove(force=True)
             removed.append(f"container {container.name}")
-        except docker.errors.NotFound:
+        except docker.errors.APIError:  # gone, or being removed by another command (409) at the same time
             continue
     for network in client.networks.list(filters={"label": f"{RUN_LABEL}={run_id}"}):
         try:
             network.remove()
             removed.append(f"network {network.name}")
-        except docker.errors.NotFound:
+        except docker.errors.APIError:  # gone, or its containers are still being removed: the next look does it
             continue
     return removed
 
