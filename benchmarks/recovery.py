@@ -5,7 +5,7 @@ checkpoint per 0.3 s epoch) is started with `launcher run --detach`; at epoch 8 
 a worker (then, separately, of the main) is killed with SIGKILL. From the run's log records in the
 work dir (each line carries the time it was written):
 
-- back: from the kill to the first epoch line of the next round, on any survivor;
+- back: from the kill to the first line of a survivor's training in the next round (its checkpoint loaded);
 - joined: from the kill to the first line of the replacement's training.
 
 For comparison, "restart": a new run of the same spec, from `launcher run` to its first epoch line,
@@ -70,7 +70,7 @@ def one(victim: str, home: Path) -> tuple[float, float]:
     os.kill(pid, signal.SIGKILL)
     subprocess.run([*LAUNCHER, "watch", run_id], env=env, capture_output=True, timeout=300)
     after = [(t, node, line) for t, node, line in log_lines(run_dir) if t > killed]
-    back = next(t for t, node, line in after if node != victim and ": epoch " in line)
+    back = next(t for t, node, line in after if node != victim and "resuming after epoch" in line)
     joined = next(t for t, node, line in after if node == victim and "resuming after epoch" in line)
     return back - killed, joined - killed
 
