@@ -190,7 +190,7 @@ class Node:
                                     details={"rounds": list(current.history)})
             self._start_round(current.decision, number, current.restarts)
             if current.history:
-                self.say(f"round {number} after {current.history[-1]}: {self._members_text(current)}")
+                self.say(f"round {number} after {current.history[-1]}: {self._members_text(current, rounds.policy)}")
             if number > 0 or settings.resume_from:
                 self._restore(WorkDir(settings.resume_from) if number == 0 else self.run, required=number == 0)
             outcome = self._train(current.decision, rounds, number)
@@ -203,8 +203,7 @@ class Node:
                      + (f"; synced {synced} output files" if synced else ""))
             number += 1
 
-    def _members_text(self, current: Round) -> str:
-        policy = Policy.from_settings(self.settings.recovery or {})
+    def _members_text(self, current: Round, policy: Policy) -> str:
         members = len(current.members)
         return (f"continuing with {members} of {len(self.settings.nodes)} nodes (min {policy.min_nodes}), "
                 f"restart {current.restarts} of {policy.max_restarts}")
