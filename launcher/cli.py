@@ -107,7 +107,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", action="store_true", help="also delete their data in the work dir "
                    "(logs, statuses, outputs)")
     p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    p.add_argument("--force", action="store_true", help="also remove local outputs that never reached the work dir")
     p.set_defaults(handler=_clean)
+
+    p = verbs.add_parser("scale", help="grow or shrink an elastic run to N nodes (within minNodes..maxNodes) "
+                         "while it trains")
+    _run_arg(p)
+    p.add_argument("--nodes", type=_positive_int, required=True, metavar="N", help="total number of nodes wanted")
+    p.set_defaults(handler=_scale)
+
+    p = verbs.add_parser("data", help="progress of each epoch's shards (launcher.data.ElasticSampler): "
+                         "done, in flight, left")
+    _run_arg(p)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=_data)
 
     p = verbs.add_parser("list", help="recent runs")
     p.add_argument("-n", type=_positive_int, default=20, help="how many (default 20)")
@@ -205,7 +218,19 @@ def _cancel(args: argparse.Namespace) -> int:
 def _clean(args: argparse.Namespace) -> int:
     from launcher.commands.clean import clean
 
-    return clean(args.older_than, work_dir=args.work_dir, dry_run=args.dry_run, runs=args.runs)
+    return clean(args.older_than, work_dir=args.work_dir, dry_run=args.dry_run, runs=args.runs, force=args.force)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from launcher.commands.scale import scale
+
+    return scale(args.run, args.nodes)
+
+
+def _data(args: argparse.Namespace) -> int:
+    from launcher.commands.data import data_progress
+
+    return data_progress(args.run, as_json=args.json)
 
 
 def _list(args: argparse.Namespace) -> int:

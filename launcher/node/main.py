@@ -258,7 +258,7 @@ class Node:
                              wait_seconds=settings.rendezvous_timeout)
         self.say(f"starting: {shlex.join(argv)}")
         self.proc = subprocess.Popen(argv, env=training_env(os.environ, decision, settings, self.processes,
-                                                            self.stacks_dir),
+                                                            self.stacks_dir, number),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_die_with_parent())
         rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer).start()

@@ -26,7 +26,7 @@ RENAMED_ENV = {"NCCL_ASYNC_ERROR_HANDLING": "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                "NCCL_BLOCKING_WAIT": "TORCH_NCCL_BLOCKING_WAIT"}
 
 
-def rank_env(decision: Decision, settings: NodeSettings, processes: int) -> dict[str, str]:
+def rank_env(decision: Decision, settings: NodeSettings, processes: int, round_number: int = 0) -> dict[str, str]:
     env = {
         "MASTER_ADDR": decision.master_addr,
         "MASTER_PORT": str(decision.master_port),
@@ -42,12 +42,14 @@ def rank_env(decision: Decision, settings: NodeSettings, processes: int) -> dict
         "WORLD_SIZE": str(nnodes * processes),
         "RANK": str(node_rank * processes),
         "LAUNCHER_CHECKPOINT_DIR": os.path.join(settings.outputs_dir, CHECKPOINTS_SUBDIR),
+        # A new number each time the training processes start again in this run (launcher.data keys its claims by it)
+        "LAUNCHER_ROUND": str(round_number),
     })
     return env
 
 
 def training_env(base: Mapping[str, str], decision: Decision, settings: NodeSettings,
-                 processes: int, stacks_dir: str) -> dict[str, str]:
+                 processes: int, stacks_dir: str, round_number: int = 0) -> dict[str, str]:
     """The environment torchrun and the training processes start with (``stacks_dir``: see launcher.node.stacks)."""
     from launcher.node.stacks import hook_env
 
@@ -56,7 +58,7 @@ def training_env(base: Mapping[str, str], decision: Decision, settings: NodeSett
         if old in env:
             value = env.pop(old)
             env.setdefault(new, value)
-    env.update(rank_env(decision, settings, processes))
+    env.update(rank_env(decision, settings, processes, round_number))
     env.update(hook_env(stacks_dir, env.get("PYTHONPATH")))
     return env
 
