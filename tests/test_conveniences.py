@@ -146,3 +146,32 @@ def test_clean_removes_old_runs_and_keeps_running_ones(tmp_path, launcher_home):
         run_cli("cancel", running, timeout=60)
     assert os.path.isdir(tmp_path)
 
+
+
+WRITES_OUTPUT = """
+import os, pathlib
+pathlib.Path(os.environ["LAUNCHER_OUTPUTS_DIR"], "model.txt").write_text("weights")
+"""
+
+
+def test_clean_keeps_local_outputs_the_work_dir_never_got_unless_forced(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, WRITES_OUTPUT, nodes=1)
+    run_id = run_id_from(run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120).stdout)
+    (node,) = [path.name for path in (tmp_path / "wd" / run_id / "outputs").iterdir()]
+    manifest = json.loads((tmp_path / "wd" / run_id / "outputs" / node / ".manifest.json").read_text())
+    # What a node leaves when the store fails at its end: its temporary outputs, some synced, some never.
+    leftovers = Path(tempfile.gettempdir()) / "launcher" / run_id / node / "outputs"
+    leftovers.mkdir(parents=True)
+    synced = leftovers / "model.txt"
+    synced.write_text("weights")
+    os.utime(synced, (manifest["model.txt"][1], manifest["model.txt"][1]))
+    (leftovers / "final.pt").write_text("only here")
+    kept = run_cli("clean", run_id)  # model.txt, synced with this size and write time, is not counted
+    assert kept.returncode == 3, kept.stdout
+    assert f"kept {run_id}: 1 output file in {leftovers.parents[1]} never reached its work dir ({node}/final.pt)" \
+        in kept.stdout
+    assert (leftovers / "final.pt").exists() and (launcher_home / "runs" / run_id).is_dir()
+    forced = run_cli("clean", run_id, "--force")
+    assert forced.returncode == 0, forced.stdout
+    assert not leftovers.exists() and not (launcher_home / "runs" / run_id).exists()
+

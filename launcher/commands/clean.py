@@ -25,8 +25,10 @@ def older_than_seconds(text: str) -> int:
         raise BadInput(f"--older-than {text!r}: {DURATION_HINT}") from None
 
 
-def clean(older_than: str, *, work_dir: bool, dry_run: bool, runs: list[str] | None = None) -> int:
-    """Runs named in ``runs`` whatever their age; else every run older than ``older_than``."""
+def clean(older_than: str, *, work_dir: bool, dry_run: bool, runs: list[str] | None = None,
+          force: bool = False) -> int:
+    """Runs named in ``runs`` whatever their age; else every run older than ``older_than``. A run whose local
+    temporary outputs hold files the work dir lacks is kept unless ``force``: they may be all there is."""
     cutoff = time.time() - older_than_seconds(older_than)
     chosen = [resolve_run(ref) for ref in runs] if runs else [info for info in all_runs() if info.created_at < cutoff]
     verb = "would remove" if dry_run else "removed"
@@ -44,6 +46,19 @@ def clean(older_than: str, *, work_dir: bool, dry_run: bool, runs: list[str] | N
                 print(f"kept {info.run_id}: cannot read its work dir ({exc})")
                 failed, kept = True, kept + 1
                 continue
+        try:
+            unsynced = [] if force else unsynced_outputs(info)
+        except LauncherError as exc:
+            print(f"kept {info.run_id}: cannot check that its outputs in {temporary_outputs(info)} reached its work "
+                  f"dir ({exc}); add --force to delete them anyway")
+            failed, kept = True, kept + 1
+            continue
+        if unsynced:
+            shown = ", ".join(unsynced[:3]) + (" ..." if len(unsynced) > 3 else "")
+            print(f"kept {info.run_id}: {plural(len(unsynced), 'output file')} in {temporary_outputs(info)} never "
+                  f"reached its work dir ({shown}); copy what you need, or add --force to delete them")
+            failed, kept = True, kept + 1
+            continue
         for target, remove in _targets(info, work_dir):
             print(f"{verb} {target}")
             if not dry_run:
@@ -64,13 +79,44 @@ def _targets(info: RunInfo, work_dir: bool) -> list[tuple[str, Callable[[], None
     targets: list[tuple[str, Callable[[], None]]] = []
     if info.backend == "docker":  # its containers and network, kept (--keep, compose) or left by a dead supervisor
         targets.append((f"the containers and network of {info.run_id}", lambda: _remove_containers(info)))
-    temporary = Path(tempfile.gettempdir()) / "launcher" / info.run_id
+    temporary = temporary_outputs(info)
     if temporary.exists():
         targets.append((str(temporary), lambda: shutil.rmtree(temporary)))
     if work_dir:
         targets.append((info.run_url, lambda: open_run(info).remove_all()))
     targets.append((str(info.state_dir), lambda: shutil.rmtree(info.state_dir)))
     return targets
+
+
+def temporary_outputs(info: RunInfo) -> Path:
+    """Where the nodes of a run on this machine wrote outputs when the spec named no outputsDir
+    (``{tmp}/launcher/{run}/{node}/outputs``); each node removes its own once they are synced."""
+    return Path(tempfile.gettempdir()) / "launcher" / info.run_id
+
+
+def unsynced_outputs(info: RunInfo) -> list[str]:
+    """The temporary output files (``node/path``) that no node's manifest in the work dir lists as synced with
+    this size and write time. Raises LauncherError when the work dir cannot be read."""
+    from launcher.node.outputs import MANIFEST, OUTPUTS_PREFIX
+
+    local: dict[str, tuple[int, float]] = {}
+    for node_dir in sorted(temporary_outputs(info).glob("*/outputs")):
+        for path in sorted(node_dir.rglob("*")):
+            rel = path.relative_to(node_dir)
+            if path.is_file() and not any(part.startswith(".") for part in rel.parts):  # dot files are never synced
+                stat = path.stat()
+                local[f"{node_dir.parent.name}/{rel.as_posix()}"] = (stat.st_size, stat.st_mtime)
+    if not local:
+        return []
+    run = open_run(info)
+    synced: dict[tuple[str, int], list[float]] = {}
+    for node in run.list(OUTPUTS_PREFIX):
+        for rel, entry in run.get_record(f"{OUTPUTS_PREFIX}/{node}/{MANIFEST}").items():
+            if isinstance(entry, list) and len(entry) == 2:
+                synced.setdefault((rel, int(entry[0])), []).append(float(entry[1]))
+    # A file counts wherever it was synced from: a restored copy keeps the write time of the node that wrote it.
+    return [name for name, (size, mtime) in local.items()
+            if not any(abs(mtime - written) < 1e-3 for written in synced.get((name.partition("/")[2], size), []))]
 
 
 def _remove_containers(info: RunInfo) -> None:
