@@ -144,3 +144,23 @@ def test_the_dry_run_is_what_the_nodes_receive(tmp_path, launcher_home):
         assert reused.returncode == 2 and "was used before" in reused.stderr
     finally:
         assert run_cli("cancel", "same-id-1").returncode == 0
+
+
+def test_the_example_resumes_exactly_where_it_stopped(tmp_path, launcher_home):
+    """Two epochs, then a resumed run to three, ends with the very parameters of three epochs straight:
+    the resume restored the epoch, the model and the optimizer's momentum, and the data order."""
+    def final_digest(output: str) -> str:
+        digests = set(re.findall(r"rank \d: final parameters (\w+)", output))
+        assert len(digests) == 1, output
+        return digests.pop()
+
+    spec = init_project(tmp_path, workers=1, epochs=3)
+    straight = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=300)
+    assert straight.returncode == 0, straight.stdout + straight.stderr
+    first = run_cli("run", "-f", str(spec), "--", "--epochs", "2", cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    resumed = run_cli("run", "-f", str(spec), "--resume-from", run_id_from(first.stdout), cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert re.search(r"resumed from .*epoch-0002\.pt \(continuing at epoch 3\)", resumed.stdout), resumed.stdout
+    assert not re.search(r"epoch [12]/3 ", resumed.stdout)
+    assert final_digest(resumed.stdout) == final_digest(straight.stdout)

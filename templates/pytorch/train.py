@@ -103,7 +103,9 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
 
     outputs = Path(args.output_dir)
-    checkpoints = outputs / "checkpoints"
+    # launcher's checkpoint contract: LAUNCHER_CHECKPOINT_DIR is synced to the work dir with the outputs and
+    # restored before training starts again (a restart, a replacement node, a retry or --resume-from).
+    checkpoints = Path(os.environ.get("LAUNCHER_CHECKPOINT_DIR") or outputs / "checkpoints")
     # Resume only from an epoch every rank has a checkpoint of; otherwise the ranks would disagree on
     # where to start and the collectives would fail.
     resume = latest_checkpoint(checkpoints)
