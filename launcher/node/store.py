@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from launcher.errors import EXIT_BACKEND, LauncherError
+from launcher.wording import plural
 
 T = TypeVar("T")
 
@@ -145,7 +146,7 @@ class WorkDir:
                                      permanent=True) from exc
                 elapsed = time.monotonic() - started
                 if attempt == self.attempts or elapsed >= self.deadline:  # transient, but it lasted
-                    raise StoreError(f"work dir {self.url}: {what} failed after {attempt} attempts in "
+                    raise StoreError(f"work dir {self.url}: {what} failed after {plural(attempt, 'attempt')} in "
                                      f"{elapsed:.0f}s: {describe_error(exc)}", permanent=False) from exc
                 with self._lock:
                     self.retries += 1
