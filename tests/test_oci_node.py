@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import threading
+import time
 
 import pytest
 
@@ -34,24 +35,66 @@ def test_a_node_group_s_candidates_are_the_nodes_of_the_spec_groups_it_holds():
 
 def test_a_claim_takes_the_rank_s_name_when_free_and_never_a_taken_one(tmp_path):
     store = WorkDir(str(tmp_path / "run"))
-    assert claim(store, NAMES, "w-1") == "w-1"
-    assert claim(store, NAMES, "w-1") in ("m", "w-0")  # two nodes with one rank: the second gets a free name
-    assert claim(store, NAMES, None) not in ("w-1",)
+    assert claim(store, NAMES, "w-1", {}) == ("w-1", 0)
+    assert claim(store, NAMES, "w-1", {}).name in ("m", "w-0")  # two nodes with one rank: the second gets a free name
+    assert claim(store, NAMES, None, {}).name not in ("w-1",)
     assert sorted(store.list("slots")) == [f"{name}.json" for name in NAMES]
     with pytest.raises(IdentityError, match="more nodes started than the group has"):
-        claim(store, NAMES, None)
+        claim(store, NAMES, None, {})
 
 
 def test_nodes_claiming_at_once_get_distinct_names(tmp_path):
     names = [f"w-{i}" for i in range(12)]
     got: list[str] = []
-    threads = [threading.Thread(target=lambda: got.append(claim(WorkDir(str(tmp_path / "run")), names, None)))
+    threads = [threading.Thread(target=lambda: got.append(claim(WorkDir(str(tmp_path / "run")), names, None, {}).name))
                for _ in names]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert sorted(got) == sorted(names)
+
+
+def replica(rank: int, job_run: str = "ocid1.datasciencejobrun.oc1..a") -> dict[str, str]:
+    return {"NODE_RANK": str(rank), "JOB_RUN_OCID": job_run}
+
+
+def test_a_restarted_replica_gets_its_own_name_back_as_its_next_incarnation(tmp_path):
+    """Every name claimed: the replica with the job run and NODE_RANK of a claim is that claim's holder, restarted."""
+    store = WorkDir(str(tmp_path / "run"))
+    assert [claim(store, NAMES, name, replica(rank)) for rank, name in enumerate(NAMES)] == \
+        [(name, 0) for name in NAMES]
+    assert claim(store, NAMES, "w-0", replica(1)) == ("w-0", 1)
+    assert claim(store, NAMES, "w-0", replica(1)) == ("w-0", 2)  # and again after a second restart
+    with pytest.raises(IdentityError, match="none of them has ended"):  # another job run's replica 1 is no restart
+        claim(store, NAMES, "w-0", replica(1, "ocid1.datasciencejobrun.oc1..b"))
+
+
+def test_a_slot_freed_by_a_node_that_ended_is_taken_once(tmp_path):
+    """A new attempt's replica (another job run) takes the name of a node that was lost after it claimed it; of two
+    such replicas at once only one gets it; a node's end from before the claim does not free it."""
+    store = WorkDir(str(tmp_path / "run"))
+    for rank, name in enumerate(NAMES):
+        claim(store, NAMES, name, replica(rank))
+    store.put("status/w-1.json", json.dumps({"state": "lost", "ended_at": time.time()}).encode())
+    store.put("status/m.json", json.dumps({"state": "succeeded", "ended_at": time.time()}).encode())
+    got: list = []
+    errors: list = []
+
+    def take(rank: int) -> None:
+        try:
+            got.append(claim(WorkDir(str(tmp_path / "run")), NAMES, None, replica(rank, "ocid1.datasciencejobrun.oc1..b")))
+        except IdentityError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=take, args=(rank,)) for rank in (5, 6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == [("w-1", 1)] and len(errors) == 1, (got, errors)
+    with pytest.raises(IdentityError):  # w-1's lost status predates the claim of incarnation 1: still held
+        claim(store, NAMES, None, replica(7, "ocid1.datasciencejobrun.oc1..c"))
 
 
 ROUTE_CARD = {"lo": "127.0.0.1", "eth0": "10.0.0.5", "rdma0": "192.168.7.2"}  # the default route leaves by eth0
@@ -199,3 +242,16 @@ def test_when_logging_has_nothing_the_reason_is_given(logging_sim):
     sim.fail("POST", r"/20190909/search", 404, "NotAuthorizedOrNotFound", "log group not found or not authorized")
     assert logs.run_output(client, "c", job_run(run.id, long_ago), now=lambda: NOW).note == \
         "OCI Logging could not be searched: 404 NotAuthorizedOrNotFound: log group not found or not authorized"
+
+
+def test_a_node_that_claims_a_name_again_starts_as_its_next_incarnation(tmp_path):
+    """The settings carry the claim's incarnation: the node then continues the name (its records, the next round)
+    instead of refusing a name that already has a status."""
+    from launcher.node.settings import from_env
+
+    env = {"LAUNCHER_RUN_ID": "r1", "LAUNCHER_WORK_DIR": str(tmp_path), "LAUNCHER_ENTRYPOINT": "train.py",
+           "LAUNCHER_NODE_GROUPS": json.dumps([["m", 1], ["w", 2]]), "LAUNCHER_NODE_GROUP": json.dumps(["m", "w"])}
+    first = from_env({**env, **replica(2)})
+    assert (first.node, first.incarnation) == ("w-1", 0)
+    again = from_env({**env, **replica(2)})
+    assert (again.node, again.incarnation) == ("w-1", 1)

@@ -23,6 +23,7 @@ class NodeSettings:
     work_dir: str
     node: str
     nodes: tuple[str, ...]
+    groups: tuple[tuple[str, int], ...]  # [(main group, replicas), (worker group, replicas)]: ``nodes`` unexpanded
     nproc_per_node: int | None  # None: auto, one per GPU this node sees
     entry_point: str
     entry_kind: str  # script | module | executable
@@ -55,7 +56,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
         run_id = need("LAUNCHER_RUN_ID")
         groups = [(str(name), int(count)) for name, count in json.loads(need("LAUNCHER_NODE_GROUPS"))]
         nodes = tuple(node_names.expand(groups))
-        node = env.get("LAUNCHER_NODE_NAME") or _service_node(env, groups, need)
+        node, incarnation = _service_node(env, groups, need)
         if node not in nodes:
             raise SettingsError(f"LAUNCHER_NODE_NAME {node!r} is not a node of LAUNCHER_NODE_GROUPS "
                                 f"({len(nodes)} nodes)")
@@ -69,6 +70,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
             work_dir=need("LAUNCHER_WORK_DIR"),
             node=node,
             nodes=nodes,
+            groups=tuple(groups),
             nproc_per_node=_processes(env.get("LAUNCHER_NPROC_PER_NODE", "1")),
             entry_point=need("LAUNCHER_ENTRYPOINT"),
             entry_kind=_entry_kind(env.get("LAUNCHER_ENTRY_KIND", "script")),
@@ -82,18 +84,19 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
             outputs_temporary=not configured,
             outputs_sync_interval=float(env.get("LAUNCHER_OUTPUTS_SYNC_INTERVAL", "30")),
             recovery=json.loads(env["LAUNCHER_RECOVERY"]) if env.get("LAUNCHER_RECOVERY") else None,
-            incarnation=int(env.get("LAUNCHER_NODE_INCARNATION", "0")),
+            incarnation=int(env.get("LAUNCHER_NODE_INCARNATION") or incarnation),
             resume_from=env.get("LAUNCHER_RESUME_FROM") or None,
         )
     except (ValueError, TypeError) as exc:
         raise SettingsError(f"malformed LAUNCHER_* variable: {exc}") from None
 
 
-def _service_node(env: Mapping[str, str], groups: list[tuple[str, int]], need: Callable[[str], str]) -> str:
-    """The name of a node that a service started from its group's shared env (OCI multi-node jobs): see
-    :mod:`launcher.node.identity`."""
-    if not env.get(identity.NODE_GROUP):
-        return need("LAUNCHER_NODE_NAME")
+def _service_node(env: Mapping[str, str], groups: list[tuple[str, int]],
+                  need: Callable[[str], str]) -> identity.Claim:
+    """The node's name and incarnation: given, or, for a node that a service started from its group's shared env
+    (OCI multi-node jobs), claimed (see :mod:`launcher.node.identity`)."""
+    if env.get("LAUNCHER_NODE_NAME") or not env.get(identity.NODE_GROUP):
+        return identity.Claim(need("LAUNCHER_NODE_NAME"), 0)
     try:
         run_url = f"{need('LAUNCHER_WORK_DIR').rstrip('/')}/{need('LAUNCHER_RUN_ID')}"
         return identity.service_node(env, groups, run_url)
