@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from launcher.errors import BackendError, BadInput
 from launcher.plan import Plan, image_tag, make_plan
@@ -145,6 +145,22 @@ class Backend(ABC):
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         """Force-stop what is left after ``grace`` seconds (the cancel marker asked first); return what was forced."""
         raise self._not_yet("cancel")
+
+    def scale_problem(self, info: RunInfo) -> str | None:
+        """Why :meth:`scale` cannot start nodes in the running run ``info`` (None: it can). Asked before
+        ``launcher scale`` records anything."""
+        return (f"the {self.name} backend cannot scale a running run yet in this version (the local backend "
+                "can)")
+
+    def scale(self, info: RunInfo, add: Sequence[str]) -> list[str]:
+        """Start the nodes ``add`` in the running elastic run ``info``: new names continuing the worker group's
+        numbering (:func:`launcher.node_names.added`), each told the groups that include it
+        (:func:`launcher.node_names.including`) and the env of the group's nodes. Each joins as a replacement
+        does: it ends the latest round with a join and trains from the next. Return what was started, once it
+        is recorded where :meth:`node_fates`, :meth:`stop` and :meth:`release` find it. Nodes that leave need
+        nothing of the backend: they are asked through the work dir (``control/leave.{node}.json``) and exit
+        on their own, ``left``."""
+        raise BackendError(self.scale_problem(info) or f"the {self.name} backend cannot scale")
 
     def _not_yet(self, verb: str) -> Exception:
         return BackendError(f"the {self.name} backend cannot {verb} yet in this version (--dry-run works)")

@@ -1,4 +1,5 @@
-"""Run-wide control markers under ``control/``: a cancel request and one marker per failed node.
+"""Run-wide control markers under ``control/``: a cancel request, one marker per failed node, and one leave
+request per node asked to leave an elastic run (``launcher scale``).
 
 Peers list ``control/`` every ``interval`` seconds while training (one LIST), so a failure or
 cancel is noticed within that interval plus one request.
@@ -15,6 +16,8 @@ from launcher.node.store import WorkDir
 CONTROL_PREFIX = "control"
 CANCEL = "cancel"
 LIMIT = "limit"  # the run reached one of its own limits (maxRuntime): no node is the cause
+SCALE = "scale.json"  # the size `launcher scale` last asked for (a record for people; nodes act on leave requests)
+LEFT = "left"  # the final state of a node that left on request: the run goes on without it, nothing failed
 
 
 def node_label(node: str) -> str:
@@ -24,6 +27,15 @@ def node_label(node: str) -> str:
 
 def failure_key(node: str) -> str:
     return f"{CONTROL_PREFIX}/failed.{node}.json"
+
+
+def leave_key(node: str) -> str:
+    return f"{CONTROL_PREFIX}/leave.{node}.json"
+
+
+def request_leave(run: WorkDir, node: str, reason: str) -> None:
+    """Ask ``node`` to leave its elastic run: it ends its round (a leave), syncs its outputs and exits, ``left``."""
+    run.put(leave_key(node), json.dumps({"node": node, "reason": reason, "at": time.time()}).encode())
 
 
 def request_cancel(run: WorkDir, reason: str = "cancelled by user") -> None:
@@ -45,7 +57,7 @@ def record_failure(run: WorkDir, node: str, rank: int | None, exit_code: int | N
 
 @dataclass(frozen=True)
 class StopRequest:
-    state: str  # "failed" or "cancelled"
+    state: str  # "failed", "cancelled" or LEFT (this node was asked to leave)
     reason: str
     limit: bool = False  # the run reached its own limit (maxRuntime)
 
@@ -75,4 +87,7 @@ class ControlWatch:
                 peer = self.run.get_record(f"{CONTROL_PREFIX}/{name}")
                 return StopRequest("failed", f"stopped because {node_label(peer.get('node', name))} "
                                    f"failed with exit code {peer.get('exit_code')}")
+        if leave_key(self.node).rsplit("/", 1)[1] in names:
+            leave = self.run.get_record(leave_key(self.node))  # it stands for a replacement of this node too
+            return StopRequest(LEFT, str(leave.get("reason") or "asked to leave the run"))
         return None

@@ -26,9 +26,9 @@ from launcher.gpus import accelerator_report, visible_gpus
 from launcher.node import outputs as outputs_mod
 from launcher.node.cause import Cause, diagnose, lost_a_peer
 from launcher.node.cause import describe as describe_cause
-from launcher.node.control import ControlWatch, StopRequest, record_failure, record_limit
+from launcher.node.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
 from launcher.node.rounds import Round, Rounds, RunOver, Timing
-from launcher.runs.recovery import FAILURE, JOIN, LOST, PEER, Policy, RoundEnd
+from launcher.runs.recovery import FAILURE, JOIN, LEAVE, LOST, PEER, Policy, RoundEnd
 from launcher.node.exits import signal_name
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, node_address
@@ -174,7 +174,8 @@ class Node:
     def _run_rounds(self, me: Registration) -> int:
         """A recovering run: train in membership rounds until training succeeds or the run must stop."""
         settings = self.settings
-        rounds = Rounds(self.run, settings.nodes, Policy.from_settings(settings.recovery), Timing.for_store(self.run))
+        rounds = Rounds(self.run, settings.nodes, Policy.from_settings(settings.recovery), Timing.for_store(self.run),
+                        grows=settings.groups[-1][0] if len(settings.groups) > 1 else None)
         number = self._first_round(rounds)
         while True:
             if number > 0:
@@ -184,6 +185,11 @@ class Node:
                 current = rounds.join(number, me, timeout=settings.rendezvous_timeout, control=self.control)
             except RunOver as over:
                 return self._finish("succeeded", str(over), 0)
+            except RendezvousStopped as stop:
+                if stop.request.state != LEFT:
+                    raise
+                self.say(f"leaving the run while waiting for round {number}: {stop.request.reason}")
+                return self._conclude(_Outcome(LEFT, stop.request.reason, 0))
             number = current.number
             if current.give_up:
                 return self._finish("failed", current.give_up, EXIT_PEER_FAILED, mark_failed=True,
@@ -204,19 +210,20 @@ class Node:
             number += 1
 
     def _members_text(self, current: Round, policy: Policy) -> str:
-        members = len(current.members)
-        return (f"continuing with {members} of {len(self.settings.nodes)} nodes (min {policy.min_nodes}), "
+        return (f"continuing with {plural(len(current.members), 'node')} (min {policy.min_nodes}), "
                 f"restart {current.restarts} of {policy.max_restarts}")
 
     def _first_round(self, rounds: Rounds) -> int:
-        """0 for a node as first started; a replacement joins the round after the latest (and ends that one)."""
-        latest = rounds.latest() if self.settings.incarnation else None
+        """0 while the run has no round yet; a node that finds the rounds begun (a replacement, a node added by
+        `launcher scale`, a late one) joins the round after the latest, and ends that one."""
+        latest = rounds.latest()
         if latest is None:
             return 0
         if latest.give_up:  # the run has stopped: joining its last round says so
             return latest.number
-        rounds.end(latest.number, RoundEnd(self.settings.node, JOIN,
-                                           f"replacement {self.settings.incarnation} joins", None, time.time()))
+        incarnation = self.settings.incarnation
+        rounds.end(latest.number, RoundEnd(self.settings.node, JOIN, f"replacement {incarnation} joins" if incarnation
+                                           else f"node {self.settings.node} joins", None, time.time()))
         return latest.number + 1
 
     def _processes(self, gpus: int) -> int:
@@ -265,7 +272,7 @@ class Node:
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
         reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)
-        ended = self._supervise(rank_logs, rounds, number)
+        ended = self._supervise(rank_logs, rounds, number, list(decision.ranks))
         reader.join(timeout=10)
         rank_logs.close()
         try:
@@ -285,7 +292,7 @@ class Node:
             outputs_mod.remove_temporary(settings.outputs_dir)
         return self._finish(outcome.state, outcome.reason, outcome.exit_code, details=outcome.details)
 
-    def _supervise(self, rank_logs: RankLogs, rounds: Rounds | None, number: int) -> _Ended:
+    def _supervise(self, rank_logs: RankLogs, rounds: Rounds | None, number: int, members: list[str]) -> _Ended:
         """Wait for torchrun to exit, meanwhile enforcing the limits, obeying stop requests and syncing; in a
         recovering run, also stop when the membership round ends."""
         assert self.proc is not None
@@ -309,10 +316,12 @@ class Node:
                 self.stop_request = self.stop_request or self._control_check()
                 if self.stop_request:
                     self.say(f"stopping training: {self.stop_request.reason}")
+                    if self.stop_request.state == LEFT and rounds is not None:  # the others re-form without it
+                        rounds.end(number, RoundEnd(settings.node, LEAVE, self.stop_request.reason, None, time.time()))
                     return _Ended(self._terminate(), stopped=True)
                 if rounds is not None and time.monotonic() >= next_round_check:
                     next_round_check = time.monotonic() + rounds.timing.end_check
-                    if self._round_ended(rounds, number):
+                    if self._round_ended(rounds, number, members):
                         self.say(f"round {number} ends ({self._round_end_text(rounds, number)}): stopping training")
                         return _Ended(self._terminate(), round_over=True)
                 now = time.monotonic()
@@ -330,6 +339,8 @@ class Node:
         """How training ended for this node; reads the rank logs, so before they are deleted."""
         if ended.own_failure:
             return _Outcome("failed", ended.own_failure, EXIT_TIMED_OUT, mark_failed=True)
+        if self.stop_request and self.stop_request.state == LEFT:  # asked to leave: nothing failed
+            return _Outcome(LEFT, self.stop_request.reason, 0)
         if ended.limit:
             return _Outcome("failed", f"stopped: {ended.limit}", EXIT_TIMED_OUT)
         if ended.code == 0 and not ended.stopped and not ended.round_over:  # ended on its own, successfully: a
@@ -375,12 +386,12 @@ class Node:
             ends = sorted(rounds.ends(number), key=lambda end: end.at)
         except StoreError:
             return "a member was lost, failed, or a node joins"
-        words = {LOST: "lost", FAILURE: "failed", PEER: "lost a peer", JOIN: "joins"}
+        words = {LOST: "lost", FAILURE: "failed", PEER: "lost a peer", JOIN: "joins", LEAVE: "leaves"}
         return "; ".join(f"node {end.node} {words.get(end.kind, end.kind)}: {end.reason}" for end in ends[:3])
 
-    def _round_ended(self, rounds: Rounds, number: int) -> bool:
+    def _round_ended(self, rounds: Rounds, number: int, members: list[str]) -> bool:
         try:
-            return rounds.ended(number)
+            return rounds.ended(number, members)
         except StoreError as exc:  # keep training through a store outage; the next check may succeed
             self.say(f"could not read round {number}'s end markers: {exc}")
             return False

@@ -6,14 +6,16 @@ Layout under ``{work dir}/{run id}/``::
                                   main, MASTER_ADDR/PORT, restarts so far, and why the run stops, if so
   rounds/{r}/nodes/{registration} a node asking to train in round r (the key format of launcher.node.rendezvous)
   rounds/{r}/end/{node}.{kind}.json why round r ended, as a member saw it, or a supervisor for a dead member,
-                                  or a node asking to join
+                                  or a node asking to join, or one leaving on request (``launcher scale``)
 
 A round's decision is created once (create-if-absent) from one listing of that round's
 registrations, so every node reads the same members: a node never trains in a round it is not a
 member of, and a registration that missed the decision joins the next round (and ends this one).
 A decision is made when the registered nodes include every member of the previous round that
 was not lost and at least ``minNodes``, or, with at least ``minNodes``, once no new node has
-registered for the settle time. See docs/protocol.md ("Recovery: membership rounds").
+registered for the settle time. A node that leaves on request ends the round it is in (or waits in)
+with a leave: it is neither waited for nor taken in, and a leave by a node that is no member of the
+round changes nothing. See docs/protocol.md ("Recovery: membership rounds", "Scaling").
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from launcher.node.rendezvous import (Decision, Listed, PollPolicy, Registration, RendezvousError,
                                       RendezvousStopped, RendezvousTimeout, decide_static, parse_node_key)
-from launcher.node.control import ControlWatch
+from launcher import node_names
+from launcher.node.control import LEFT, ControlWatch
 from launcher.node.status import status_key
 from launcher.node.store import WorkDir
-from launcher.runs.recovery import FAILURE, JOIN, LOST, Policy, RoundEnd
+from launcher.runs.recovery import FAILURE, JOIN, LEAVE, LOST, Policy, RoundEnd
 
 ROUNDS_PREFIX = "rounds"
 
@@ -99,10 +102,11 @@ class Rounds:
     """One node's view of the run's rounds."""
 
     store: WorkDir
-    order: Sequence[str]  # every node name the run may have, in the spec's order (rank order)
+    order: Sequence[str]  # the spec's node names, in the spec's order (rank order)
     policy: Policy
     timing: Timing = field(default_factory=lambda: Timing(1.0, 10.0, 0.5))
     clock: Callable[[], float] = time.monotonic
+    grows: str | None = None  # the group `launcher scale` adds nodes to: its names after ``order`` are nodes too
 
     def latest(self) -> Round | None:
         return latest_round(self.store)
@@ -124,8 +128,10 @@ class Rounds:
         return [RoundEnd.from_record(self.store.get_record(f"{prefix}/{name}")) for name in self.store.list(prefix)
                 if name.endswith(".json")]
 
-    def ended(self, number: int) -> bool:
-        return bool(self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/end"))
+    def ended(self, number: int, members: Collection[str] = ()) -> bool:
+        """Whether round ``number`` has ended: any end record but a leave by a node that is not a member."""
+        return any(not (name.endswith(f".{LEAVE}.json") and name[:-len(f".{LEAVE}.json")] not in members)
+                   for name in self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/end"))
 
     def join(self, number: int, me: Registration, *, timeout: float, control: ControlWatch | None = None,
              poll: PollPolicy | None = None) -> Round:
@@ -138,7 +144,12 @@ class Rounds:
             registration = me.key.rsplit("/", 1)[1]
             self.store.create(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes/{registration}",
                               json.dumps(asdict(me)).encode())
-            decided = self._await(number, me, deadline, control, poll)
+            try:
+                decided = self._await(number, me, deadline, control, poll)
+            except RendezvousStopped as stop:
+                if stop.request.state == LEFT:  # ends the round should it be decided with this node after all
+                    self.end(number, RoundEnd(me.name, LEAVE, stop.request.reason, None, time.time()))
+                raise
             if decided.give_up or decided.decision.nonces.get(me.name) == me.nonce:
                 return decided
             # decided without this node: ask to join the next round, and end this one so its members come too
@@ -164,31 +175,45 @@ class Rounds:
                 raise RunOver(f"round {previous.number} finished training before this node could join")
             if frozenset(registered) != seen:
                 seen, changed = frozenset(registered), now
-            enough = len(registered) >= self.policy.min_nodes
-            if enough and (expected <= set(registered) or now - changed >= settle):
-                return self._publish(number, registered, previous)
+            if self._ready(registered, expected, now - changed >= settle):
+                for name in self._leaving(number):  # asked once it is ready: the end records take a LIST
+                    registered.pop(name, None)
+                if self._ready(registered, expected, now - changed >= settle):
+                    return self._publish(number, registered, previous)
             if now >= deadline:
-                missing = [name for name in self.order if name in expected and name not in registered]
+                missing = [name for name in node_names.rank_order(self.order, self.grows, expected)
+                           if name not in registered]
                 raise RendezvousTimeout(missing, len(registered), max(self.policy.min_nodes, len(expected)),
                                         deadline - changed)
             time.sleep(delay)
 
+    def _ready(self, registered: dict[str, Listed], expected: set[str], settled: bool) -> bool:
+        return len(registered) >= self.policy.min_nodes and (expected <= set(registered) or settled)
+
+    def _leaving(self, number: int) -> set[str]:
+        """Nodes that left on request while waiting in round ``number``: none of them is taken in."""
+        suffix = f".{LEAVE}.json"
+        return {name[:-len(suffix)] for name in self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/end")
+                if name.endswith(suffix)}
+
     def _all_succeeded(self, members: list[str]) -> bool:
-        return all(self.store.get_record(status_key(name)).get("state") == "succeeded" for name in members)
+        """Every member ended well (those that left on request included) and one at least trained to the end."""
+        states = [self.store.get_record(status_key(name)).get("state") for name in members]
+        return "succeeded" in states and all(state in ("succeeded", LEFT) for state in states)
 
     def _expected(self, number: int, previous: Round | None) -> set[str]:
         """Who round ``number`` waits for without settling: everyone at first, then the previous members
-        that were not lost."""
+        that were neither lost nor left."""
         if previous is None:
             return set(self.order)
-        gone = {end.node for end in self.ends(number - 1) if end.kind == LOST}
+        gone = {end.node for end in self.ends(number - 1) if end.kind in (LOST, LEAVE)}
         return set(previous.members) - gone
 
     def _registered(self, number: int) -> dict[str, Listed]:
         registered: dict[str, Listed] = {}
         for entry in self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes"):
             listed = parse_node_key(entry)
-            if listed is None or listed.name not in self.order:
+            if listed is None or not node_names.rank_order(self.order, self.grows, [listed.name]):
                 continue
             registered[listed.name] = listed  # a name twice (a replacement of a node that had registered): one
         return registered
@@ -200,7 +225,8 @@ class Rounds:
             restarts, give_up = self.policy.next_round(ends, previous.restarts)
             history = previous.history + (_summary(number - 1, ends),)
         try:
-            decision = None if give_up else decide_static(registered, self.order)
+            decision = None if give_up else decide_static(registered, node_names.rank_order(self.order, self.grows,
+                                                                                             registered))
         except RendezvousError as exc:
             decision, give_up = None, str(exc)
         decided = Round(number, decision, restarts, give_up, history)

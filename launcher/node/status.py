@@ -13,7 +13,8 @@ from launcher.node.store import StoreError, WorkDir
 
 STATUS_PREFIX = "status"
 # lost: a member of a recovering run that died (the run went on without it, or with its replacement)
-FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
+# left: a node of an elastic run that left on request (`launcher scale`); the run went on without it
+FINAL_STATES = ("succeeded", "failed", "cancelled", "lost", "left")
 
 
 def status_key(node: str) -> str:

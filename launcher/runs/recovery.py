@@ -11,6 +11,7 @@ LOST = "lost"  # the node, or one of its training processes, was killed from out
 FAILURE = "failure"  # training exited non-zero on its own (an exception, an exit code)
 PEER = "peer"  # this node's ranks only lost a peer: a consequence, never a cause
 JOIN = "join"  # a node (a replacement, or one more) asks to join: no failure at all
+LEAVE = "leave"  # a node leaves on request (`launcher scale`): no failure at all, and it is not waited for
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class RoundEnd:
     """Why a round ended, as one node (or a supervisor, for a dead node) recorded it."""
 
     node: str
-    kind: str  # LOST, FAILURE, PEER or JOIN
+    kind: str  # LOST, FAILURE, PEER, JOIN or LEAVE
     reason: str
     exit_code: int | None = None
     at: float = 0.0
@@ -41,7 +42,7 @@ class Policy:
                    int(recovery.get("minNodes", 1)))
 
     def retried(self, end: RoundEnd) -> bool:
-        if end.kind in (JOIN, PEER):
+        if end.kind in (JOIN, LEAVE, PEER):
             return True
         if end.kind == LOST:
             return LOST in self.retry_on
@@ -54,7 +55,7 @@ class Policy:
         if refused is not None:
             return restarts, f"not retried ({_kind_words(refused)} is not in recovery.retryOn): {_said(refused)}"
         if not causes:
-            return restarts, None  # a join: no restart is used up
+            return restarts, None  # a join or a leave: no restart is used up
         if restarts >= self.max_restarts:
             return restarts, f"gave up after {restarts} of {self.max_restarts} restarts: {_said(causes[0])}"
         return restarts + 1, None

@@ -70,8 +70,8 @@ class RunView:
             return "running" if any(s in ("waiting", "running") or s in FINAL_STATES for s in states) else "pending"
         if self.never_started:
             return "failed to start"
-        if "succeeded" in states and all(s in ("succeeded", "lost") for s in states):
-            return "succeeded"  # a recovering run goes on without the members it lost
+        if "succeeded" in states and all(s in ("succeeded", "lost", "left") for s in states):
+            return "succeeded"  # a recovering run goes on without the members it lost or that left
         root = self.root_failure()
         if root is not None and (self.cancel is None or root.get("at", 0) <= self.cancel.get("at", 0)):
             return "failed"  # a cancel that came after the first failure does not change its cause
