@@ -88,6 +88,10 @@ NAMED = {"jobLogConfigurationDetails": "log", "jobNodeConfigurationDetails": "MU
          "jobShapeConfigDetails": "shape"}
 
 
+# What a JobRun returns of the run's create request (the SDK's JobRun model; GetJobRun, not ListJobRuns).
+OVERRIDES = ("jobConfigurationOverrideDetails", "jobEnvironmentConfigurationOverrideDetails")
+
+
 class Refused(Exception):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(message)
@@ -185,7 +189,7 @@ class OciSim:
         self.faults: list[tuple[str, str, int, str, str, int]] = []  # (method, path regex, status, code, msg, times)
         self.lost_answers: list[tuple[str, str]] = []  # (method, path regex): done, then answered 500 once
         self.created_by_token: dict[str, dict[str, Any]] = {}  # opc-retry-token -> what it created
-        self.dying: dict[str, str] = {}  # node name -> "never_starts" | "dies"
+        self.dying: dict[str, str] = {}  # node name -> "never_starts" | "dies" | "dies_once" (its replacement lives)
         self.refusals: list[tuple[str, str, int, str]] = []  # (method, path, status, code) of every refused request
         self.served_states: list[tuple[str, str]] = []  # (job run id, lifecycle state) as GET jobRuns/{id} answered
         # Multi-node runs: where the nodes are on the cluster network, and whether the metadata file is held back
@@ -392,8 +396,9 @@ class OciSim:
                 found = [self._run_view(run) for run in self.runs.values()
                          if run.body["compartmentId"] == query["compartmentId"]
                          and query.get("jobId") in (None, run.job["id"])]
-            for summary in found:
-                summary.pop("nodeGroupDetailsList", None)  # a JobRunSummary has no node groups
+            for summary in found:  # a JobRunSummary has no node groups and no override details (the SDK's model)
+                for name in ("nodeGroupDetailsList", *OVERRIDES):
+                    summary.pop(name, None)
             start = int(query.get("page", "0"))
             limit = int(query.get("limit", "2"))  # small pages, so that paging is exercised
             more = {"opc-next-page": str(start + limit)} if start + limit < len(found) else {}
@@ -519,7 +524,8 @@ class OciSim:
                 "createdBy": USER, "freeformTags": run.body.get("freeformTags", {}),
                 **({"timeStarted": _iso(run.started)} if run.started else {}),
                 **({"timeFinished": _iso(run.finished)} if run.finished else {}),
-                **({"logDetails": run.log} if run.log else {})}
+                **({"logDetails": run.log} if run.log else {}),
+                **{name: run.body[name] for name in OVERRIDES if name in run.body}}
         if run.groups:
             view["nodeGroupDetailsList"] = [{"name": name, "lifecycleState": state, "lifecycleDetails": details}
                                             for name, (state, details) in run.groups.items()]
@@ -637,7 +643,10 @@ class OciSim:
         for raw in node.process.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
             node.output.append((time.time(), line))
-            if self.dying.get(node.env.get("LAUNCHER_NODE_NAME", node.name)) == "dies" and " epoch " in line:
+            name = node.env.get("LAUNCHER_NODE_NAME", node.name)
+            if self.dying.get(name) in ("dies", "dies_once") and " epoch " in line:
+                if self.dying[name] == "dies_once":
+                    del self.dying[name]
                 os.killpg(node.process.pid, signal.SIGKILL)
 
     def _finish(self, run: JobRun, state: str, details: str, failed_group: str | None) -> None:

@@ -8,6 +8,7 @@ service knows of each node (its lifecycle, why it never started) is merged into 
 from __future__ import annotations
 
 import datetime
+import json
 import sys
 import time
 from typing import Any
@@ -70,8 +71,19 @@ class OciBackend(Backend):
         request = super().dryrun(spec, run_id=run_id, resume_from=resume_from)
         mode = bodies.launch_mode(_infra(spec))
         notes = (f"launch mode {mode}: " + (_layout(request.plan) if mode == "native" else "one job run per node"),)
+        notes += _recovery_notes(spec, mode)
         notes += tuple(f"run would refuse: {problem}" for problem in self._problems(request))
         return DryRun(request.backend, request.plan, request.requests, request.notes + notes)
+
+    def replacement_problem(self, spec: Spec) -> str | None:
+        """Per-node runs replace a lost node with a new job run; a native run's replicas cannot be replaced one
+        by one, so a static recovering run is refused there."""
+        if not spec.cluster.recovery or spec.cluster.elastic or bodies.launch_mode(_infra(spec)) == "perNode":
+            return None
+        return ("recovery without elastic needs lost nodes to be replaced, and in launchMode native OCI runs every "
+                "node as a replica of one job run, which cannot be replaced alone: use launchMode: perNode (with "
+                "subnetId; a lost node gets a new job run), or add elastic: {minNodes, maxNodes} (the run goes on "
+                "without the lost replica)")
 
     def _problems(self, dryrun: DryRun) -> list[str]:
         infra = _infra(dryrun.plan.spec)
@@ -102,8 +114,10 @@ class OciBackend(Backend):
         mode = bodies.launch_mode(infra)
         groups = {group.name: [node.name for node in group.nodes] for group in bodies.node_groups(dryrun.plan)} \
             if mode == "native" else {}
+        recovery = dryrun.plan.nodes[0].env.get("LAUNCHER_RECOVERY")
         return {**ids, "mode": mode, "node_groups": groups, "endpoints": dict(infra.endpoints),
-                "compartment": infra.compartment_id, "delete_job": infra.delete_job}
+                "compartment": infra.compartment_id, "delete_job": infra.delete_job,
+                "recovery": json.loads(recovery) if recovery else None}
 
     def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
         asked = self._asked.get(info.run_id)
@@ -124,10 +138,9 @@ class OciBackend(Backend):
             client = service.data_science(ids.get("endpoints") or {})
         except Exception:  # noqa: BLE001 - no SDK or credentials here: status shows the work dir alone
             return {}
-        runs = _read_runs(client, ids)
         if ids.get("mode") == "perNode":
-            return {node: self._with_logs(info, {node: _fate(run, None)}, run, client)[node]
-                    for node, run in runs.items()}
+            return self._per_node_fates(info, client)
+        runs = _read_runs(client, ids)
         [run] = runs.values() if runs else [None]
         if run is None:
             return {}
@@ -135,6 +148,20 @@ class OciBackend(Backend):
         holder = {node: name for name, nodes in (ids.get("node_groups") or {}).items() for node in nodes}
         fates = {node: _fate(run, groups.get(holder.get(node, ""))) for node in info.nodes}
         return self._with_logs(info, fates, run, client)  # one search for the run: its nodes share its log
+
+    def _per_node_fates(self, info: RunInfo, client: Any) -> dict[str, NodeFate]:
+        """Each node's fate from the job run of its newest incarnation; in a recovering run, lost nodes are
+        handled as a supervisor would (:mod:`.incarnations`)."""
+        from launcher.backends.oci import incarnations
+
+        ids = info.backend_ids
+        work = _recovering_work_dir(info)
+        records = incarnations.read(work) if work else {}
+        runs = _read_runs(client, {**ids, "job_runs": incarnations.current(ids["job_runs"], records)})
+        fates = {node: self._with_logs(info, {node: _fate(run, None)}, run, client)[node] for node, run in runs.items()}
+        if work is None:
+            return fates
+        return incarnations.recover(work, client, info.run_id, ids["recovery"], runs, fates, records)
 
     def _with_logs(self, info: RunInfo, fates: dict[str, NodeFate], run: Any, client: Any) -> dict[str, NodeFate]:
         """The run's nodes that ended, with its last lines from OCI Logging (searched only when some node
@@ -171,7 +198,7 @@ class OciBackend(Backend):
 
     def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
         """With ``deleteJob: true``: delete the job (and its runs) once the run is seen to end."""
-        from launcher.backends.oci import service
+        from launcher.backends.oci import incarnations, service
         from launcher.errors import LauncherError
         from launcher.runs import state
 
@@ -182,7 +209,9 @@ class OciBackend(Backend):
             client = service.data_science(ids.get("endpoints") or {})
         except LauncherError:  # no credentials here: the job stays, and a later watch or cancel tries again
             return []
-        outcome = service.cleanup(client, ids["job"], list((ids.get("job_runs") or {}).values()))
+        work = _recovering_work_dir(info)
+        every = incarnations.every_run(ids.get("job_runs") or {}, incarnations.read(work) if work else {})
+        outcome = service.cleanup(client, ids["job"], every)
         if outcome.startswith("could not"):
             print(f"note: {outcome}", file=sys.stderr)
             return []
@@ -191,22 +220,39 @@ class OciBackend(Backend):
         return [f"job {ids['job']}"]
 
     def stop(self, info: RunInfo, grace: float) -> list[str]:
-        from launcher.backends.oci import service
+        from launcher.backends.oci import incarnations, service
 
         ids = info.backend_ids
         if not ids.get("job_runs"):
             return []
         client = service.data_science(ids.get("endpoints") or {})
         deadline = time.monotonic() + grace
-        runs = _read_runs(client, ids)
+        work = _recovering_work_dir(info)
+        current = {**ids, "job_runs": incarnations.current(ids["job_runs"], incarnations.read(work) if work else {})}
+        runs = _read_runs(client, current)
         # The nodes saw the cancel marker; give them the grace to end (polling the service: no events).
         while time.monotonic() < deadline and not all(run.lifecycle_state in service.TERMINAL
                                                       for run in runs.values()):
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
-            runs = _read_runs(client, ids)
+            runs = _read_runs(client, current)
         forced = service.cancel(client, runs)
         self.release(info)
         return forced
+
+
+def _recovery_notes(spec: Spec, mode: str) -> tuple[str, ...]:
+    """What recovery means on OCI in this launch mode."""
+    cluster = spec.cluster
+    if not cluster.recovery:
+        return ()
+    if mode == "perNode":
+        return (f"recovery: a lost node (its job run ended before the node reported its end) gets a new job run "
+                f"for it alone, up to {cluster.recovery.max_restarts} restarts, created by whichever launcher "
+                "command is following or asked about the run (run, watch, status); the other job runs keep running",)
+    if cluster.elastic:
+        return ("recovery: in launchMode native a lost replica is not replaced (the service starts a job run's "
+                f"replicas together, not one alone); the others go on down to minNodes {cluster.elastic.min_nodes}",)
+    return ()
 
 
 def _layout(plan: Plan) -> str:
@@ -215,6 +261,14 @@ def _layout(plan: Plan) -> str:
         return (f"one multi-node job run with one node group, {groups[0].name}, of {len(plan.nodes)} nodes (main and "
                 "workers differ only in their names; the service's NODE_RANK 0 is the main)")
     return "one multi-node job run, a node group per spec group (each worker claims its name in the work dir)"
+
+
+def _recovering_work_dir(info: RunInfo) -> Any:
+    """The run's work dir where its lost nodes are replaced (a recovering per-node run), else None."""
+    from launcher.runs.preflight import reading_work_dir
+
+    ids = info.backend_ids
+    return reading_work_dir(info.run_url) if ids.get("mode") == "perNode" and ids.get("recovery") else None
 
 
 def _read_runs(client: Any, ids: dict[str, Any]) -> dict[str, Any]:

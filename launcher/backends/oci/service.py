@@ -75,7 +75,8 @@ def _model(client: Any, body: dict[str, Any], type_name: str) -> Any:
     return client.base_client.deserialize_response_data(json.dumps(body).encode(), type_name)
 
 
-def _token(run_id: str, what: str) -> str:
+def token(run_id: str, what: str) -> str:
+    """The ``opc-retry-token`` of one create: the same for every try of it, by this command or another."""
     return hashlib.sha256(f"{run_id}/{what}".encode()).hexdigest()[:48]
 
 
@@ -89,14 +90,14 @@ def submit(client: Any, run_id: str, requests: Sequence[Request]) -> dict[str, A
     what = "the job"
     try:
         job = client.create_job(_model(client, job_request.body, "CreateJobDetails"),
-                                opc_retry_token=_token(run_id, "job")).data
+                                opc_retry_token=token(run_id, "job")).data
         job_id = job.id
         for request in run_requests:
             what = f"the job run for {request.target}"
             body = {**request.body, "jobId": job_id} if request.body.get("jobId") == JOB_ID_PLACEHOLDER \
                 else request.body
             run = client.create_job_run(_model(client, body, "CreateJobRunDetails"),
-                                        opc_retry_token=_token(run_id, f"run/{request.target}")).data
+                                        opc_retry_token=token(run_id, f"run/{request.target}")).data
             runs[request.target] = run.id
     except (oci.exceptions.ServiceError, oci.exceptions.RequestException, oci.exceptions.ClientError) as exc:
         left = cleanup(client, job_id, list(runs.values()))
