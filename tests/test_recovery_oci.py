@@ -84,3 +84,125 @@ def test_native_mode_says_a_replica_cannot_be_replaced(project):  # noqa: F811
     assert "a lost node (its job run ended before the node reported its end) gets a new job run for it alone, " \
         "up to 2 restarts" in per_node.stdout + per_node.stderr
     assert "run would refuse" not in per_node.stdout + per_node.stderr
+
+
+# -- what a command does when it observes a lost node, on job runs that only sleep or exit ------------------------
+IMAGE = "iad.ocir.io/simns/sleeper:1"
+COMPARTMENT = "ocid1.compartment.oc1..sim"
+# Dies with 137 while its incarnation is below DIES, else sleeps: a node lost (DIES times), then one that lives.
+SLEEPER = ("import os, sys, time; incarnation = int(os.environ.get('LAUNCHER_NODE_INCARNATION', '0'))\n"
+           "sys.exit(137) if incarnation < int(os.environ['DIES']) else time.sleep(120)")
+NODES = ("m", "w-0", "w-1")
+
+
+@pytest.fixture
+def sleepers(sim, tmp_path, monkeypatch):  # noqa: F811
+    """A recovering per-node run of three sleeping job runs whose node w-1 dies ``DIES`` times; returns a function
+    that starts it (w-1's DIES, maxRestarts) and gives its RunInfo, each member's status in its work dir."""
+    from launcher.backends.base import Request
+    from launcher.backends.oci import service
+    from launcher.runs.state import RunInfo
+
+    sim.images[IMAGE] = tmp_path
+    (tmp_path / "oci").mkdir(exist_ok=True)
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LAUNCHER_OCI_ENDPOINT", sim.endpoint)
+    monkeypatch.setenv("OCI_CLI_CONFIG_FILE", str(sim.write_config(tmp_path / "oci")))
+
+    def start(dies: int, max_restarts: int) -> RunInfo:
+        job = {"projectId": "ocid1.datascienceproject.oc1..sim", "compartmentId": COMPARTMENT, "displayName": "s",
+               "jobConfigurationDetails": {"jobType": "DEFAULT", "environmentVariables": {}},
+               "jobInfrastructureConfigurationDetails": {"jobInfrastructureType": "ME_STANDALONE",
+                                                         "shapeName": "VM.Standard.E4.Flex", "blockStorageSizeInGBs": 50},
+               "jobEnvironmentConfigurationDetails": {"jobEnvironmentType": "OCIR_CONTAINER", "image": IMAGE,
+                                                      "cmd": ["python", "-c", SLEEPER], "entrypoint": []}}
+        runs = [Request("create_job_run", node, {
+            "projectId": job["projectId"], "compartmentId": COMPARTMENT, "jobId": "<id returned by create_job>",
+            "displayName": f"s-{node}", "jobConfigurationOverrideDetails": {"jobType": "DEFAULT", "environmentVariables": {
+                "LAUNCHER_NODE_NAME": node, "DIES": str(dies if node == "w-1" else 0)}}}) for node in NODES]
+        ids = service.submit(service.data_science({}), "s", [Request("create_job", "s", job), *runs])
+        work = tmp_path / "wd"
+        for node in NODES:
+            (work / "s" / "status").mkdir(parents=True, exist_ok=True)
+            (work / "s" / "status" / f"{node}.json").write_text(json.dumps({"state": "running", "round": 0}))
+        return RunInfo("s", "oci", str(work), list(NODES), "", "", 0.0, path=str(tmp_path / "info.yaml"),
+                       backend_ids={**ids, "mode": "perNode", "endpoints": {}, "compartment": COMPARTMENT,
+                                    "delete_job": True, "recovery": {"maxRestarts": max_restarts,
+                                                                     "retryOn": ["lost"], "minNodes": 3}})
+
+    return start
+
+
+def fates_now(info):
+    from launcher.backends.oci import OciBackend
+
+    return OciBackend().node_fates(info)  # a new command: nothing cached
+
+
+def created_runs(sim) -> list[dict]:
+    return [body for method, path, body in sim.requests if method == "POST" and path == "/20190101/jobRuns"]
+
+
+def test_observers_at_once_create_one_replacement_and_cancel_and_clean_up_find_it(sim, sleepers, tmp_path):  # noqa: F811
+    from launcher.backends.oci import OciBackend
+
+    info = sleepers(dies=1, max_restarts=2)
+    [lost] = [run for run in sim.runs.values() if env_of(run)["LAUNCHER_NODE_NAME"] == "w-1"]
+    assert wait_until(lambda: lost.state == "FAILED", 30)
+    barrier = threading.Barrier(4)
+    seen: list[dict] = []
+
+    def observe() -> None:
+        barrier.wait()
+        seen.append(fates_now(info))
+
+    threads = [threading.Thread(target=observe) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    reasons = sorted(fates["w-1"].reason or "" for fates in seen)
+    assert all(fates["w-1"].running for fates in seen), reasons  # being replaced: never lost to the run
+    assert sum(reason.startswith("replaced by job run") for reason in reasons) == 1, reasons
+    [replacement] = created_runs(sim)[3:]
+    assert replacement["jobConfigurationOverrideDetails"]["environmentVariables"] == \
+        {"LAUNCHER_NODE_NAME": "w-1", "DIES": "1", "LAUNCHER_NODE_INCARNATION": "1"}
+    assert replacement["displayName"] == "s-w-1-1"
+    status = json.loads((tmp_path / "wd" / "s" / "status" / "w-1.json").read_text())
+    assert status["state"] == "lost" and status["exit_code"] == 137
+    assert (tmp_path / "wd" / "s" / "rounds" / "00000" / "end" / "w-1.lost.json").exists()
+
+    new = next(run for run in sim.runs.values() if run.body is not lost.body and env_of(run).get(
+        "LAUNCHER_NODE_INCARNATION") == "1")
+    assert wait_until(lambda: new.state == "IN_PROGRESS", 30)
+    assert sorted(OciBackend().stop(info, grace=0)) == sorted(NODES)  # the replacement, not the lost run
+    cancelled = [path.split("/")[3] for method, path, _ in sim.requests if "cancelJobRun" in path]
+    assert new.id in cancelled and lost.id not in cancelled
+    # deleteJob: the job is deleted with every run it had, once the cancelled ones (the replacement too) ended
+    assert {run.state for run in sim.runs.values()} == {"DELETED"}
+
+
+def test_a_replacement_that_dies_too_is_replaced_until_the_restarts_are_spent(sim, sleepers, tmp_path):  # noqa: F811
+    """Incarnations 0, 1 and 2 die (1 and 2 before writing any status of their own); maxRestarts 2: two
+    replacements, then the node stays lost and its fate says it ended."""
+    info = sleepers(dies=3, max_restarts=2)
+    assert wait_until(lambda: not fates_now(info)["w-1"].running and
+                      (tmp_path / "wd" / "s" / "oci" / "incarnations" / "w-1.3.json").exists(), 60)
+    incarnations = [body["jobConfigurationOverrideDetails"]["environmentVariables"].get("LAUNCHER_NODE_INCARNATION")
+                    for body in created_runs(sim)]
+    assert incarnations == [None, None, None, "1", "2"]
+    last = json.loads((tmp_path / "wd" / "s" / "oci" / "incarnations" / "w-1.3.json").read_text())
+    assert last["replaced"] is False and last["job_run"] is None
+    assert fates_now(info)["w-1"].exit_code == 137 and len(created_runs(sim)) == 5  # nothing more, however often
+
+
+def test_a_refused_replacement_is_said_and_recorded(sim, sleepers, tmp_path, capsys):  # noqa: F811
+    info = sleepers(dies=1, max_restarts=2)
+    sim.fail("POST", r"/jobRuns$", 400, "LimitExceeded", "Quota exceeded for shape VM.Standard.E4.Flex")
+    seen = []
+    assert wait_until(lambda: seen.append(fates_now(info)["w-1"]) or not seen[-1].running, 30)
+    assert "its replacement was refused: 400 LimitExceeded: Quota exceeded" in seen[-1].reason
+    assert "node w-1 was lost and OCI refused its replacement: 400 LimitExceeded" in capsys.readouterr().err
+    record = json.loads((tmp_path / "wd" / "s" / "oci" / "incarnations" / "w-1.1.json").read_text())
+    assert record["error"].startswith("400 LimitExceeded") and record["job_run"] is None
+    assert not fates_now(info)["w-1"].running and len(created_runs(sim)) == 3  # not tried again

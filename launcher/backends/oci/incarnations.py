@@ -63,12 +63,17 @@ def read(run: WorkDir) -> dict[str, list[Incarnation]]:
     """node -> its incarnations after the first, oldest first."""
     found: dict[str, list[Incarnation]] = {}
     for name in run.list(PREFIX):
-        record = run.get_record(f"{PREFIX}/{name}")
-        if record.get("node") and isinstance(record.get("number"), int):
-            found.setdefault(record["node"], []).append(Incarnation(
-                record["node"], record["number"], bool(record.get("replaced")), record.get("job_run"),
-                record.get("lost_job_run"), record.get("error"), float(record.get("at") or 0.0)))
+        item = _parse(run.get_record(f"{PREFIX}/{name}"))
+        if item is not None:
+            found.setdefault(item.node, []).append(item)
     return {node: sorted(items, key=lambda item: item.number) for node, items in found.items()}
+
+
+def _parse(record: dict[str, Any]) -> Incarnation | None:
+    if not record.get("node") or not isinstance(record.get("number"), int):
+        return None
+    return Incarnation(record["node"], record["number"], bool(record.get("replaced")), record.get("job_run"),
+                       record.get("lost_job_run"), record.get("error"), float(record.get("at") or 0.0))
 
 
 def current(first: Mapping[str, str], records: Mapping[str, list[Incarnation]]) -> dict[str, str]:
@@ -108,6 +113,9 @@ def recover(run: WorkDir, client: Any, run_id: str, recovery: dict[str, Any], ru
             continue
         status = run.get_record(status_key(node))
         if not _lost(run, status, records.get(node, [])):
+            taken = _parse(run.get_record(key(node, number))) if status.get("state") == "lost" else None
+            if taken is not None:  # its "lost" was written by a command that took it on since we looked
+                result[node] = _pending(fate, taken)
             continue
         replaced = sum(1 for items in records.values() for item in items if item.replaced)
         wanted = replacement_wanted(run, recovery, replaced)
