@@ -83,7 +83,8 @@ def test_a_slot_freed_by_a_node_that_ended_is_taken_once(tmp_path):
 
     def take(rank: int) -> None:
         try:
-            got.append(claim(WorkDir(str(tmp_path / "run")), NAMES, None, replica(rank, "ocid1.datasciencejobrun.oc1..b")))
+            got.append(claim(WorkDir(str(tmp_path / "run")), NAMES, None,
+                             replica(rank, "ocid1.datasciencejobrun.oc1..b")))
         except IdentityError as exc:
             errors.append(exc)
 

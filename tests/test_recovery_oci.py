@@ -17,9 +17,10 @@ import pytest
 
 from clirun import info_of, wait_until
 from conftest import run_cli
-from test_oci import project, sim  # noqa: F401 - fixtures
+import test_oci
 
 pytestmark = pytest.mark.slow
+sim, project = test_oci.sim, test_oci.project  # its fixtures: the simulation, the seed 004 project
 PER_NODE = ("--set", "spec.infrastructure.spec.launchMode=perNode")
 RECOVERY = ("--set", "spec.cluster.spec.recovery={maxRestarts: 2}")
 VICTIM = "PyTorch-Distributed-worker-1"
@@ -29,11 +30,11 @@ def env_of(run) -> dict[str, str]:
     return run.body["jobConfigurationOverrideDetails"]["environmentVariables"]
 
 
-def test_a_lost_node_gets_a_new_job_run_for_it_alone_once_however_many_observe_it(project, sim):  # noqa: F811
+def test_a_lost_node_gets_a_new_job_run_for_it_alone_once_however_many_observe_it(project, sim):
     spec, env = project
     sim.dying[VICTIM] = "dies_once"  # killed at its first epoch; its replacement lives
     started = run_cli("run", "-f", str(spec), "--run-id", "rec-1", *PER_NODE, *RECOVERY, "--detach",
-                      "--", "--epochs", "3", env=env, timeout=120)
+                      "--", "--epochs", "2", env=env, timeout=120)
     assert started.returncode == 0, started.stdout + started.stderr
     originals = dict(sim.runs)
     assert wait_until(lambda: [run.state for run in originals.values()].count("FAILED") == 1, 120)
@@ -68,7 +69,7 @@ def test_a_lost_node_gets_a_new_job_run_for_it_alone_once_however_many_observe_i
     assert info["backend_ids"]["recovery"]["maxRestarts"] == 2
 
 
-def test_native_mode_says_a_replica_cannot_be_replaced(project):  # noqa: F811
+def test_native_mode_says_a_replica_cannot_be_replaced(project):
     spec, env = project
     dry = run_cli("run", "-f", str(spec), "--dry-run", *RECOVERY, env=env)
     assert dry.returncode == 0, dry.stderr
@@ -96,7 +97,7 @@ NODES = ("m", "w-0", "w-1")
 
 
 @pytest.fixture
-def sleepers(sim, tmp_path, monkeypatch):  # noqa: F811
+def sleepers(sim, tmp_path, monkeypatch):
     """A recovering per-node run of three sleeping job runs whose node w-1 dies ``DIES`` times; returns a function
     that starts it (w-1's DIES, maxRestarts) and gives its RunInfo, each member's status in its work dir."""
     from launcher.backends.base import Request
@@ -109,17 +110,36 @@ def sleepers(sim, tmp_path, monkeypatch):  # noqa: F811
     monkeypatch.setenv("LAUNCHER_OCI_ENDPOINT", sim.endpoint)
     monkeypatch.setenv("OCI_CLI_CONFIG_FILE", str(sim.write_config(tmp_path / "oci")))
 
-    def start(dies: int, max_restarts: int) -> RunInfo:
+    def start(dies: int, max_restarts: int, native: bool = False) -> RunInfo:
         job = {"projectId": "ocid1.datascienceproject.oc1..sim", "compartmentId": COMPARTMENT, "displayName": "s",
                "jobConfigurationDetails": {"jobType": "DEFAULT", "environmentVariables": {}},
                "jobInfrastructureConfigurationDetails": {"jobInfrastructureType": "ME_STANDALONE",
-                                                         "shapeName": "VM.Standard.E4.Flex", "blockStorageSizeInGBs": 50},
+                                                         "shapeName": "VM.Standard.E4.Flex",
+                                                         "blockStorageSizeInGBs": 50},
                "jobEnvironmentConfigurationDetails": {"jobEnvironmentType": "OCIR_CONTAINER", "image": IMAGE,
                                                       "cmd": ["python", "-c", SLEEPER], "entrypoint": []}}
         runs = [Request("create_job_run", node, {
             "projectId": job["projectId"], "compartmentId": COMPARTMENT, "jobId": "<id returned by create_job>",
-            "displayName": f"s-{node}", "jobConfigurationOverrideDetails": {"jobType": "DEFAULT", "environmentVariables": {
-                "LAUNCHER_NODE_NAME": node, "DIES": str(dies if node == "w-1" else 0)}}}) for node in NODES]
+            "displayName": f"s-{node}", "jobConfigurationOverrideDetails": {
+                "jobType": "DEFAULT",
+                "environmentVariables": {"LAUNCHER_NODE_NAME": node, "DIES": str(dies if node == "w-1" else 0)}}})
+            for node in NODES]
+        extra: dict = {}
+        if native:  # one job run, its nodes the replicas of one node group; the replica of NODE_RANK 2 dies
+            container = {**job.pop("jobEnvironmentConfigurationDetails"), "cmd": [
+                "python", "-c", "import os, sys; sys.exit(137 if os.environ['NODE_RANK'] == '2' else 0)"]}
+            job["jobNodeConfigurationDetails"] = {
+                "jobNodeType": "MULTI_NODE", "startupOrder": "IN_PARALLEL",
+                "jobNetworkConfiguration": {"jobNetworkType": "DEFAULT_NETWORK"},
+                "jobNodeGroupConfigurationDetailsList": [{
+                    "name": "g", "replicas": 3, "minimumSuccessReplicas": 3,
+                    "jobInfrastructureConfigurationDetails": {**job.pop("jobInfrastructureConfigurationDetails"),
+                                                              "jobInfrastructureType": "MULTI_NODE"},
+                    "jobConfigurationDetails": job.pop("jobConfigurationDetails"),
+                    "jobEnvironmentConfigurationDetails": container}]}
+            runs = [Request("create_job_run", "s", {"projectId": job["projectId"], "compartmentId": COMPARTMENT,
+                                                    "jobId": "<id returned by create_job>", "displayName": "s"})]
+            extra = {"mode": "native", "node_groups": {"g": list(NODES)}}
         ids = service.submit(service.data_science({}), "s", [Request("create_job", "s", job), *runs])
         work = tmp_path / "wd"
         for node in NODES:
@@ -128,7 +148,7 @@ def sleepers(sim, tmp_path, monkeypatch):  # noqa: F811
         return RunInfo("s", "oci", str(work), list(NODES), "", "", 0.0, path=str(tmp_path / "info.yaml"),
                        backend_ids={**ids, "mode": "perNode", "endpoints": {}, "compartment": COMPARTMENT,
                                     "delete_job": True, "recovery": {"maxRestarts": max_restarts,
-                                                                     "retryOn": ["lost"], "minNodes": 3}})
+                                                                     "retryOn": ["lost"], "minNodes": 2}, **extra})
 
     return start
 
@@ -143,7 +163,7 @@ def created_runs(sim) -> list[dict]:
     return [body for method, path, body in sim.requests if method == "POST" and path == "/20190101/jobRuns"]
 
 
-def test_observers_at_once_create_one_replacement_and_cancel_and_clean_up_find_it(sim, sleepers, tmp_path):  # noqa: F811
+def test_observers_at_once_create_one_replacement_and_cancel_and_clean_up_find_it(sim, sleepers, tmp_path):
     from launcher.backends.oci import OciBackend
 
     info = sleepers(dies=1, max_restarts=2)
@@ -182,7 +202,7 @@ def test_observers_at_once_create_one_replacement_and_cancel_and_clean_up_find_i
     assert {run.state for run in sim.runs.values()} == {"DELETED"}
 
 
-def test_a_replacement_that_dies_too_is_replaced_until_the_restarts_are_spent(sim, sleepers, tmp_path):  # noqa: F811
+def test_a_replacement_that_dies_too_is_replaced_until_the_restarts_are_spent(sim, sleepers, tmp_path):
     """Incarnations 0, 1 and 2 die (1 and 2 before writing any status of their own); maxRestarts 2: two
     replacements, then the node stays lost and its fate says it ended."""
     info = sleepers(dies=3, max_restarts=2)
@@ -196,7 +216,7 @@ def test_a_replacement_that_dies_too_is_replaced_until_the_restarts_are_spent(si
     assert fates_now(info)["w-1"].exit_code == 137 and len(created_runs(sim)) == 5  # nothing more, however often
 
 
-def test_a_refused_replacement_is_said_and_recorded(sim, sleepers, tmp_path, capsys):  # noqa: F811
+def test_a_refused_replacement_is_said_and_recorded(sim, sleepers, tmp_path, capsys):
     info = sleepers(dies=1, max_restarts=2)
     sim.fail("POST", r"/jobRuns$", 400, "LimitExceeded", "Quota exceeded for shape VM.Standard.E4.Flex")
     seen = []
@@ -206,3 +226,20 @@ def test_a_refused_replacement_is_said_and_recorded(sim, sleepers, tmp_path, cap
     record = json.loads((tmp_path / "wd" / "s" / "oci" / "incarnations" / "w-1.1.json").read_text())
     assert record["error"].startswith("400 LimitExceeded") and record["job_run"] is None
     assert not fates_now(info)["w-1"].running and len(created_runs(sim)) == 3  # not tried again
+
+
+def test_a_native_replica_that_died_without_reporting_is_recorded_lost_not_replaced(sim, sleepers, tmp_path):
+    """Native mode, elastic: the others went on (their statuses say succeeded); the job run failed with the dead
+    replica's exit code. The replica is recorded lost, so the run's result is the others' success."""
+    from launcher.runs.view import read_view
+
+    info = sleepers(dies=0, max_restarts=2, native=True)
+    [run] = sim.runs.values()
+    assert wait_until(lambda: run.state == "FAILED", 30)
+    for node in ("m", "w-0"):
+        (tmp_path / "wd" / "s" / "status" / f"{node}.json").write_text(json.dumps({"state": "succeeded", "round": 1}))
+    fates = fates_now(info)
+    assert not fates["w-1"].running and fates["w-1"].exit_code == 137
+    status = json.loads((tmp_path / "wd" / "s" / "status" / "w-1.json").read_text())
+    assert status["state"] == "lost" and (tmp_path / "wd" / "s" / "rounds" / "00000" / "end" / "w-1.lost.json").exists()
+    assert len(created_runs(sim)) == 1 and read_view(info).result == "succeeded"

@@ -147,7 +147,15 @@ class OciBackend(Backend):
         groups = {group.name: group for group in run.node_group_details_list or []}
         holder = {node: name for name, nodes in (ids.get("node_groups") or {}).items() for node in nodes}
         fates = {node: _fate(run, groups.get(holder.get(node, ""))) for node in info.nodes}
-        return self._with_logs(info, fates, run, client)  # one search for the run: its nodes share its log
+        fates = self._with_logs(info, fates, run, client)  # one search for the run: its nodes share its log
+        work = _recovering_work_dir(info)
+        if work is None:
+            return fates
+        from launcher.backends.oci import incarnations
+
+        # A replica is not replaced alone: one that died without reporting is recorded lost, as its round's end.
+        return incarnations.recover(work, client, info.run_id, ids["recovery"], {node: run for node in fates}, fates,
+                                    incarnations.read(work), replaceable=False)
 
     def _per_node_fates(self, info: RunInfo, client: Any) -> dict[str, NodeFate]:
         """Each node's fate from the job run of its newest incarnation; in a recovering run, lost nodes are
@@ -264,11 +272,11 @@ def _layout(plan: Plan) -> str:
 
 
 def _recovering_work_dir(info: RunInfo) -> Any:
-    """The run's work dir where its lost nodes are replaced (a recovering per-node run), else None."""
+    """The run's work dir where its lost nodes are recorded, and in per-node mode replaced (a recovering run),
+    else None."""
     from launcher.runs.preflight import reading_work_dir
 
-    ids = info.backend_ids
-    return reading_work_dir(info.run_url) if ids.get("mode") == "perNode" and ids.get("recovery") else None
+    return reading_work_dir(info.run_url) if info.backend_ids.get("recovery") else None
 
 
 def _read_runs(client: Any, ids: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,10 @@ reporting: killed, its host lost, cancelled from outside), the command
 
 Every reader (``node_fates``, ``cancel``, ``clean``) takes a node's job run from its newest
 incarnation, and the job's runs for clean-up from all of them.
+
+Native mode: the replicas of a job run cannot be replaced one by one; a replica that died without
+reporting is recorded lost once the job run has ended (steps 1 and 2, never 3), so an elastic
+run that went on without it ends with the others' result.
 """
 
 from __future__ import annotations
@@ -97,9 +101,11 @@ def number_of(node: str, records: Mapping[str, list[Incarnation]]) -> int:
 
 
 def recover(run: WorkDir, client: Any, run_id: str, recovery: dict[str, Any], runs: Mapping[str, Any],
-            fates: dict[str, NodeFate], records: Mapping[str, list[Incarnation]]) -> dict[str, NodeFate]:
-    """The fates, with every lost member handled: its round ended and, where wanted, its replacement created.
-    A node being replaced (by this command or another) reads as running: it is not lost to the run."""
+            fates: dict[str, NodeFate], records: Mapping[str, list[Incarnation]], *,
+            replaceable: bool = True) -> dict[str, NodeFate]:
+    """The fates, with every lost member handled: its round ended and, where wanted (and ``replaceable``: a
+    per-node run), its replacement created. A node being replaced (by this command or another) reads as
+    running: it is not lost to the run."""
     from launcher.runs.supervision import end_round_for_lost_node, replacement_wanted
 
     result = dict(fates)
@@ -118,7 +124,7 @@ def recover(run: WorkDir, client: Any, run_id: str, recovery: dict[str, Any], ru
                 result[node] = _pending(fate, taken)
             continue
         replaced = sum(1 for items in records.values() for item in items if item.replaced)
-        wanted = replacement_wanted(run, recovery, replaced)
+        wanted = replaceable and replacement_wanted(run, recovery, replaced)
         claim = Incarnation(node, number, wanted, lost_job_run=runs[node].id, at=time.time())
         if not run.create(key(node, number), claim.to_bytes()):
             result[node] = _pending(fate, claim)  # another command won the claim an instant earlier
