@@ -133,10 +133,3 @@ def test_a_failure_that_happens_every_time_is_not_retried_forever(tmp_path, laun
     if "failure" in recovery.get("retryOn", []):  # every attempt's cause is shown
         assert summary.count("ValueError: bad batch at epoch 3") >= 3, summary
 
-
-def test_a_static_recovering_run_is_refused_where_lost_nodes_are_not_replaced(tmp_path, launcher_home):
-    spec = write_spec(tmp_path, JOB, nodes=2, extra_cluster={"recovery": {"maxRestarts": 1}})
-    done = run_cli("run", "-f", str(spec), "--backend", "docker", cwd=tmp_path)
-    assert done.returncode == 2
-    assert "recovery without elastic needs lost nodes to be replaced, which the docker backend" in done.stderr
-    assert not (launcher_home / "runs").exists()

@@ -33,6 +33,7 @@ class DockerBackend(Backend):
     name = "docker"
     node_command = ("python", "-m", "launcher.node")
     keep = False  # keep the containers after the run (``run --keep``)
+    replaces_lost_nodes = True  # its supervisor starts a new container for a lost node (see .supervisor)
 
     def work_dir(self, spec: Spec) -> tuple[str, list[str]]:
         url = spec.cluster.work_dir or DEFAULT_WORK_DIR
@@ -92,7 +93,9 @@ class DockerBackend(Backend):
         plan = dryrun.plan
         since = time.time()
         containers = create_run(client, plan.run_id, dryrun.requests)
-        order = {"run_id": plan.run_id, "containers": containers, "keep": self.keep, "since": since}
+        specs = {request.body["labels"][NODE_LABEL]: request.body for request in dryrun.requests
+                 if request.operation == "containers.create"}  # for replacements; on stdin, never on disk
+        order = {"run_id": plan.run_id, "containers": containers, "specs": specs, "keep": self.keep, "since": since}
         supervisor = start_supervisor("launcher.backends.docker.supervisor", state_dir,
                                       f"{self.client_work_dir(plan).rstrip('/')}/{plan.run_id}", order)
         network = None if infra_of(plan.spec).network == "host" else network_name(plan.run_id)
@@ -112,11 +115,12 @@ class DockerBackend(Backend):
         """No supervisor watches the run (it died, or compose started the containers): do its duties.
 
         A container that ended is recorded as its supervisor would have (console saved, failure
-        dated by the engine's FinishedAt); once every node has ended, the containers and network
-        go, unless the run keeps them (``--keep``, compose)."""
+        dated by the engine's FinishedAt), each node by its current (newest) container; once every
+        node has ended, the containers and network go, unless the run keeps them (``--keep``, compose).
+        A lost node is not replaced here: its env, secrets included, was handed only to the supervisor."""
         import docker.errors
 
-        from launcher.backends.docker.launch import engine_end_time, remove_run, run_containers
+        from launcher.backends.docker.launch import engine_end_time, node_containers, remove_run
         from launcher.backends.docker.supervisor import node_ended
         from launcher.dockerengine import connect
         from launcher.node.store import StoreError, WorkDir
@@ -124,7 +128,7 @@ class DockerBackend(Backend):
 
         try:
             client = connect()
-            containers = {c.labels.get(NODE_LABEL): c for c in run_containers(client, info.run_id)}
+            containers = node_containers(client, info.run_id)
         except (BackendError, docker.errors.DockerException):
             return {}
         fates = {}

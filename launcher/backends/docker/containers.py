@@ -19,6 +19,7 @@ CONTAINER_WORK_DIR = "/launcher/workdir"
 DEFAULT_WORK_DIR = "./work_dir"  # next to the spec, as in ADS's compose example
 RUN_LABEL = "launcher.run-id"
 NODE_LABEL = "launcher.node"
+INCARNATION_LABEL = "launcher.incarnation"  # on a replacement container: which one (the first container has none)
 # Read-only credential mounts, by work dir scheme, made only where the directory exists; the image runs as root.
 CREDENTIALS = {"oci": ("~/.oci", "/root/.oci"), "s3": ("~/.aws", "/root/.aws")}
 # How this machine's S3 client is set up, passed on to the nodes of an s3:// work dir (botocore's and
@@ -133,3 +134,12 @@ def container_specs(plan: Plan, gpu_shares: Sequence[str] | None = None,
             spec["device_requests"] = [gpu_request(gpu_shares[index])]
         specs.append(spec)
     return specs
+
+
+def replacement_spec(original: Mapping[str, Any], incarnation: int) -> dict[str, Any]:
+    """The ``containers.create`` arguments of a lost node's replacement: its first container's (same image,
+    mounts, devices, network and hostname), named apart from it (names are unique on an engine, and the dead
+    container stays until the run's clean-up), with the incarnation in its env and labels."""
+    return {**original, "name": f"{original['name']}-r{incarnation}",
+            "environment": {**original["environment"], "LAUNCHER_NODE_INCARNATION": str(incarnation)},
+            "labels": {**original["labels"], INCARNATION_LABEL: str(incarnation)}}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from launcher.backends.base import Request
-from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL
+from launcher.backends.docker.containers import INCARNATION_LABEL, NODE_LABEL, RUN_LABEL, replacement_spec
 from launcher.dockerengine import api_error_text
 from launcher.errors import BackendError
 from launcher.node.exits import killed_by
@@ -51,6 +51,33 @@ def create_run(client: Any, run_id: str, requests: Sequence[Request]) -> dict[st
 
 def run_containers(client: Any, run_id: str) -> list[Any]:
     return client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})
+
+
+def start_replacement(client: Any, original: Mapping[str, Any], incarnation: int) -> str:
+    """Create and start a lost node's replacement container (see :func:`replacement_spec`); return its id.
+    A container the engine created but would not start is removed again."""
+    import docker.errors
+
+    container = client.containers.create(**replacement_spec(original, incarnation))
+    try:
+        container.start()
+    except docker.errors.DockerException:
+        container.remove(force=True)
+        raise
+    return container.id
+
+
+def incarnation_of(container: Any) -> int:
+    return int(container.labels.get(INCARNATION_LABEL, "0"))
+
+
+def node_containers(client: Any, run_id: str) -> dict[str, Any]:
+    """Each node's current container: the newest incarnation (a replaced node's dead containers stay until
+    the run's clean-up)."""
+    current: dict[str, Any] = {}
+    for container in sorted(run_containers(client, run_id), key=incarnation_of):
+        current[container.labels.get(NODE_LABEL)] = container
+    return current
 
 
 def remove_run(client: Any, run_id: str) -> list[str]:

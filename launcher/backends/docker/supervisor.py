@@ -1,37 +1,44 @@
 """The watcher of a docker run's containers, a detached process on the client machine.
 
-It gets ``{"run_id", "containers": {node: id}, "keep", "since"}`` on stdin, answers with its own
-process identity, then follows the engine's ``die`` events for the run (replayed from ``since``,
-so a container that died before it subscribed is not missed). For each node that ends it saves
-the container's output to ``nodes/{node}.log``, records the node's failure in the work dir when
-the node could not (``docker kill``, OOM), and writes the exit record. When every node has ended
-it removes the containers and the network, unless asked to keep them.
+It gets ``{"run_id", "containers": {node: id}, "specs": {node: containers.create arguments}, "keep",
+"since"}`` on stdin (the specs hold the nodes' env, secrets included: they never touch the disk),
+answers with its own process identity, then follows the engine's ``die`` events for the run
+(replayed from ``since``, so a container that died before it subscribed is not missed). For each
+node that ends it saves the container's output to ``nodes/{node}.log``, records the node's failure
+in the work dir when the node could not (``docker kill``, OOM), and writes the exit record. A lost
+member of a recovering run is replaced instead, while the policy allows: a new container for the
+same node (:func:`~launcher.backends.docker.launch.start_replacement`), followed as its first was;
+``supervisor.json`` records each node's current container. When every node has ended it removes
+the containers (replaced ones too) and the network, unless asked to keep them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import sys
 import time
 from dataclasses import asdict
+from typing import Any, Callable
 
 from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL
-from launcher.backends.docker.launch import describe_exit, remove_run
+from launcher.backends.docker.launch import describe_exit, remove_run, start_replacement
 from launcher.dockerengine import api_error_text, connect
 from launcher.fileio import atomic_write
 from launcher.node.status import status_key
 from launcher.node.store import StoreError, WorkDir
-from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf,
+from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf, replacement_wanted,
                                        write_exit_record)
 
 SUPERVISOR_FILE = "supervisor.json"
 
 
 def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: str, event_exit_code: int,
-               ended_at: float) -> None:
-    """Save the container's output, record the node's end for it when it could not, write the exit record."""
+               ended_at: float, replace: Callable[[], bool] | None = None) -> None:
+    """Save the container's output, record the node's end for it when it could not, write the exit record;
+    unless the node was lost and ``replace`` started its replacement (the node goes on: no exit record)."""
     import docker.errors
 
     console = console_log_path(state_dir, name)
@@ -46,19 +53,58 @@ def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: st
     reason = describe_exit(exit_code, oom)
     print(f"{time.strftime('%H:%M:%S')} node {name} ({container_id[:12]}) ended: {exit_code}", file=sys.stderr,
           flush=True)
+    replaced = False
     try:
         status = run.get_record(status_key(name))
         record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at)
+        replaced = replace is not None and status.get("state") == "lost" and replace()
     except StoreError as exc:
         print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
     finally:  # written last: a reader that sees it knows the node's console is saved
-        write_exit_record(state_dir, name, exit_code, reason, ended_at, oom_killed=oom)
+        if not replaced:
+            write_exit_record(state_dir, name, exit_code, reason, ended_at, oom_killed=oom)
+
+
+def record(state_dir: str, me: dict[str, Any], containers: dict[str, str]) -> None:
+    """``supervisor.json``: this supervisor's identity and each node's current container."""
+    atomic_write(os.path.join(state_dir, SUPERVISOR_FILE), json.dumps({**me, "containers": containers}))
+
+
+class Replacements:
+    """Starts lost nodes again while the run's recovery policy allows, and records each node's current container."""
+
+    def __init__(self, client: Any, run: WorkDir, state_dir: str, order: dict[str, Any], me: dict[str, Any]):
+        self.client, self.run, self.state_dir, self.me = client, run, state_dir, me
+        self.specs: dict[str, dict[str, Any]] = order.get("specs") or {}
+        first = next(iter(self.specs.values()), None)
+        self.recovery = json.loads(first["environment"].get("LAUNCHER_RECOVERY") or "null") if first else None
+        self.containers: dict[str, str] = dict(order["containers"])
+        self.replaced = 0
+
+    def __call__(self, name: str) -> bool:
+        """Start ``name``'s replacement if wanted; whether it runs."""
+        import docker.errors
+
+        if name not in self.specs or not replacement_wanted(self.run, self.recovery, self.replaced):
+            return False
+        try:
+            container_id = start_replacement(self.client, self.specs[name], self.replaced + 1)
+        except docker.errors.DockerException as exc:
+            print(f"could not replace node {name}: the Docker engine refused its new container: "
+                  f"{api_error_text(exc)}", file=sys.stderr, flush=True)
+            return False
+        self.replaced += 1
+        self.containers[name] = container_id
+        record(self.state_dir, self.me, self.containers)
+        print(f"{time.strftime('%H:%M:%S')} node {name} replaced ({container_id[:12]}, replacement {self.replaced})",
+              file=sys.stderr, flush=True)
+        return True
 
 
 def main(state_dir: str, run_url: str) -> int:
     order = json.loads(sys.stdin.read())
     me = {"supervisor": asdict(ProcessRef.of(os.getpid()))}
-    atomic_write(os.path.join(state_dir, SUPERVISOR_FILE), json.dumps(me))
+    record(state_dir, me, order["containers"])
     try:
         sys.stdout.write(json.dumps(me) + "\n")
         sys.stdout.close()
@@ -66,21 +112,27 @@ def main(state_dir: str, run_url: str) -> int:
         pass
     client = connect()
     run = WorkDir(run_url)
-    waiting = dict(order["containers"])  # node -> container id
+    replacements = Replacements(client, run, state_dir, order, me)
+    waiting = dict(order["containers"])  # node -> its current container's id, while it runs
     events = client.events(since=int(order["since"]) - 1, decode=True,
                            filters={"type": "container", "event": "die", "label": f"{RUN_LABEL}={order['run_id']}"})
     try:
         for event in events:
-            attributes = event.get("Actor", {}).get("Attributes", {})
-            name = attributes.get(NODE_LABEL)
-            if name in waiting:
+            actor = event.get("Actor", {})
+            name = actor.get("Attributes", {}).get(NODE_LABEL)
+            if name in waiting and actor.get("ID") == waiting[name]:  # not a replaced container's late event
                 ended_at = event.get("timeNano", time.time_ns()) / 1e9  # when the engine saw it die
                 try:
-                    node_ended(client, run, state_dir, name, waiting.pop(name), int(attributes.get("exitCode", -1)),
-                               ended_at)
+                    node_ended(client, run, state_dir, name, waiting[name],
+                               int(actor["Attributes"].get("exitCode", -1)), ended_at,
+                               replace=functools.partial(replacements, name))
                 except Exception as exc:  # noqa: BLE001 - one node's trouble must not leave the others unrecorded
                     print(f"could not record the end of node {name}: {type(exc).__name__}: {exc}", file=sys.stderr,
                           flush=True)
+                if replacements.containers[name] != waiting[name]:  # replaced: follow its new container
+                    waiting[name] = replacements.containers[name]
+                else:
+                    waiting.pop(name)
             if not waiting:
                 break
     finally:

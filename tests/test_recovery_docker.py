@@ -1,0 +1,138 @@
+"""Recovery on the docker backend, through the real CLI on the real engine: `docker kill` of a node's container
+mid-training; the run goes on, the supervisor starts a new container for that node (a new incarnation) that
+joins, and nothing of the run is left on the engine afterwards.
+
+The nodes run the test base image with this checkout's launcher package and the job mounted (no image
+build): the job is tests/test_recovery.py's, whose final weights show that every epoch ran exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from clirun import Watcher, run_id_from
+from cluster import write_spec
+from conftest import REPO, run_cli
+from test_recovery import ELASTIC, EXPECTED, JOB, final_weights
+
+pytestmark = pytest.mark.slow
+
+
+def docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def run_containers(run_id: str) -> list[str]:
+    return docker("ps", "-aq", "--filter", f"label=launcher.run-id={run_id}").split()
+
+
+def docker_spec(directory: Path, image: str, nodes: int, cluster: dict) -> Path:
+    """write_spec's job on the docker backend: the base image, with the launcher package and the job mounted."""
+    spec_path = write_spec(directory, JOB, nodes=nodes, extra_cluster=cluster, entry={"entryPoint": "/code/job.py"},
+                           env=[{"name": "PYTHONPATH", "value": "/opt/launcher"}])
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["spec"]["infrastructure"] = {"kind": "infrastructure", "type": "docker", "spec": {
+        "volumes": [f"{REPO / 'launcher'}:/opt/launcher/launcher:ro", f"{directory}:/code:ro"]}}
+    spec["spec"]["cluster"]["spec"]["image"] = image
+    spec_path.write_text(yaml.safe_dump(spec))
+    return spec_path
+
+
+def start(directory: Path, image: str, nodes: int, cluster: dict) -> tuple[str, Watcher]:
+    started = run_cli("run", "-f", str(docker_spec(directory, image, nodes, cluster)), "--detach", cwd=directory)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = run_id_from(started.stdout)
+    return run_id, Watcher(run_id, dict(os.environ))
+
+
+def kill_container(run_id: str, node: str) -> None:
+    [container] = docker("ps", "-q", "--filter", f"label=launcher.run-id={run_id}",
+                         "--filter", f"label=launcher.node={node}").split()
+    docker("kill", container)
+
+
+@pytest.mark.parametrize("nodes, cluster, victim", [
+    (3, ELASTIC, "t-worker-1"),  # elastic: the survivors go on, the replacement joins them
+    (2, {"recovery": {"maxRestarts": 1}}, "t-worker-0"),  # static: the next round waits for the replacement
+])
+def test_a_killed_container_is_replaced_and_the_run_succeeds(tmp_path, launcher_home, node_base_image, nodes,
+                                                              cluster, victim):
+    run_id, watcher = start(tmp_path, node_base_image, nodes, cluster)
+    watcher.wait_for(r"rank 0: epoch 6\b", timeout=120)
+    killed = time.time()
+    kill_container(run_id, victim)
+    code, output = watcher.finish(timeout=240)
+    assert code == 0, output[-4000:]
+    assert f"node {victim} lost: node container was killed (SIGKILL, exit 137" in output
+    # The replacement (it joins the next round, or the running one if that formed without it) trained from the
+    # checkpoint, under the node's own name and hostname, in the node's new container.
+    resumed = re.findall(rf"\[{victim}\s+r\d\] rank \d of \d: resuming after epoch (\d+)", output)
+    assert resumed and int(resumed[-1]) >= 5, output[-4000:]
+    record = json.loads((tmp_path / "wd" / run_id / "status" / f"{victim}.json").read_text())
+    assert record["started_at"] > killed and record["host"] == victim and record["state"] == "succeeded"
+    supervisor = json.loads((launcher_home / "runs" / run_id / "supervisor.json").read_text())
+    first = yaml.safe_load((launcher_home / "runs" / run_id / "info.yaml").read_text())["backend_ids"]["containers"]
+    assert supervisor["containers"][victim] != first[victim]
+    assert f"node {victim} replaced ({supervisor['containers'][victim][:12]}, replacement 1)" in \
+        (launcher_home / "runs" / run_id / "supervisor.log").read_text()
+    assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "succeeded" and status["rounds"]["restarts"] == 1
+    assert any(f"node {victim}: node container was killed" in line for line in status["rounds"]["history"]), status
+    assert run_containers(run_id) == []  # the dead container and its replacement were both removed
+
+
+def test_a_replacement_the_engine_refuses_leaves_the_run_to_the_survivors(tmp_path, launcher_home, node_base_image):
+    """The replacement's name is taken (the engine answers 409): the supervisor says so and records the node's
+    end; the elastic run goes on with the 2 survivors and succeeds."""
+    run_id = "refused-replacement-1"
+    squatter = docker("create", "--name", f"{run_id}-t-worker-1-r1", node_base_image, "true").strip()
+    try:
+        started = run_cli("run", "-f", str(docker_spec(tmp_path, node_base_image, 3, ELASTIC)), "--detach",
+                          "--run-id", run_id, cwd=tmp_path)
+        assert started.returncode == 0, started.stdout + started.stderr
+        watcher = Watcher(run_id, dict(os.environ))
+        watcher.wait_for(r"rank 0: epoch 6\b", timeout=120)
+        kill_container(run_id, "t-worker-1")
+        code, output = watcher.finish(timeout=240)
+    finally:
+        docker("rm", "-f", squatter)
+    assert code == 0, output[-4000:]
+    assert re.search(r"continuing with 2 (of 3 )?nodes \(min 2\)", output), output[-4000:]
+    log = (launcher_home / "runs" / run_id / "supervisor.log").read_text()
+    assert "could not replace node t-worker-1: the Docker engine refused its new container" in log
+    assert "Conflict" in log or "already in use" in log, log
+    exit_record = json.loads((launcher_home / "runs" / run_id / "nodes" / "t-worker-1.exit.json").read_text())
+    assert exit_record["exit_code"] == 137
+    assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)
+    assert run_containers(run_id) == []
+
+
+def test_take_over_follows_a_replaced_nodes_newest_container(docker_engine, node_base_image):
+    """Without a supervisor, the verbs judge a replaced node by its newest container, not its dead first one."""
+    import docker as docker_sdk
+
+    from launcher.backends.docker.launch import node_containers, remove_run
+
+    client = docker_sdk.from_env()
+    run_id = "take-over-newest-1"
+    labels = {"launcher.run-id": run_id, "launcher.node": "n"}
+    try:
+        client.containers.create(node_base_image, ["true"], name=f"{run_id}-n", labels=labels)
+        newest = client.containers.create(node_base_image, ["true"], name=f"{run_id}-n-r2",
+                                          labels={**labels, "launcher.incarnation": "2"})
+        client.containers.create(node_base_image, ["true"], name=f"{run_id}-n-r1",
+                                 labels={**labels, "launcher.incarnation": "1"})
+        assert {name: c.id for name, c in node_containers(client, run_id).items()} == {"n": newest.id}
+    finally:
+        remove_run(client, run_id)
+    assert run_containers(run_id) == []
