@@ -223,7 +223,7 @@ class Node:
             return latest.number
         incarnation = self.settings.incarnation
         rounds.end(latest.number, RoundEnd(self.settings.node, JOIN, f"replacement {incarnation} joins" if incarnation
-                                           else f"node {self.settings.node} joins", None, time.time()))
+                                           else "a new node joins the run", None, time.time()))
         return latest.number + 1
 
     def _processes(self, gpus: int) -> int:

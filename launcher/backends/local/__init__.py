@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.errors import BadInput
@@ -118,6 +118,16 @@ class LocalBackend(Backend):
                 fates[name] = NodeFate(False, None, "node process is gone and no exit was recorded for it "
                                        "(its supervisor was killed too)", console)
         return fates
+
+    def scale_problem(self, info: RunInfo) -> str | None:
+        from launcher.backends.local.processes import supervisor_problem
+
+        return supervisor_problem(info.state_dir)
+
+    def scale(self, info: RunInfo, add: Sequence[str]) -> list[str]:
+        from launcher.backends.local.processes import request_nodes
+
+        return request_nodes(info.state_dir, add)
 
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         from launcher.backends.local.processes import kill_groups, read_processes

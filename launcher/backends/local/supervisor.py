@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -11,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.backends.local.processes import kill_groups, write_processes
+from launcher import node_names
+from launcher.backends.local.processes import ADD_SIGNAL, kill_groups, read_added, write_processes
 from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync, remove_temporary
 from launcher.node.status import FINAL_STATES, status_key
@@ -46,63 +48,111 @@ def save_leftovers(run: WorkDir, name: str, status: dict) -> None:
 
 
 def main(state_dir: str, run_url: str) -> int:
+    wake = _wake_on(ADD_SIGNAL)  # before anything is recorded: `launcher scale` signals once it sees the record
     requests = json.loads(sys.stdin.read())  # all or nothing: a client killed mid-write starts no node
-    logs_dir = os.path.join(state_dir, "nodes")
-    os.makedirs(logs_dir, exist_ok=True)
-    children: dict[int, str] = {}
-    refs: dict[str, ProcessRef] = {}
+    os.makedirs(os.path.join(state_dir, "nodes"), exist_ok=True)
+    supervisor = Supervisor(state_dir, WorkDir(run_url), requests)
     for request in requests:
-        pid = _spawn(request, state_dir)
-        children[pid] = request["name"]
-        refs[request["name"]] = ProcessRef.of(pid)
+        supervisor.spawn(request)
     # Recorded before the client hears of it: every verb finds the processes even if the client is gone.
-    recorded = write_processes(state_dir, ProcessRef.of(os.getpid()), refs)
+    recorded = supervisor.record()
     try:
         sys.stdout.write(json.dumps(recorded) + "\n")
         sys.stdout.close()
     except BrokenPipeError:  # the client was interrupted; the run is recorded and goes on
         pass
-    run = WorkDir(run_url)
-    by_name = {request["name"]: request for request in requests}
-    recovery = json.loads(requests[0]["env"].get("LAUNCHER_RECOVERY") or "null") if requests else None
-    replaced = 0
-    while children:
-        pid, wait_status = os.wait()
-        name = children.pop(pid, None)
-        if name is None:
-            continue
-        returncode = os.waitstatus_to_exitcode(wait_status)
-        ended_at = time.time()
-        print(f"{time.strftime('%H:%M:%S')} node {name} (pid {pid}) ended: {returncode}", file=sys.stderr, flush=True)
-        exit_code, reason = describe(returncode)
-        status: dict = {}
-        try:
-            status = run.get_record(status_key(name))
-            save_leftovers(run, name, status)
-            record_on_behalf(run, name, status, exit_code, reason, str(console_log_path(state_dir, name)),
-                             at=ended_at)
-            if status.get("state") == "lost" and replacement_wanted(run, recovery, replaced):
-                replaced += 1
-                pid = _spawn(by_name[name], state_dir, incarnation=replaced)
-                children[pid], refs[name] = name, ProcessRef.of(pid)
-                write_processes(state_dir, ProcessRef.of(os.getpid()), refs)
-                print(f"{time.strftime('%H:%M:%S')} node {name} replaced (pid {pid}, replacement {replaced})",
-                      file=sys.stderr, flush=True)
-                continue  # no exit record: the node goes on
-        except StoreError as exc:
-            print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
-        # Written last: a reader that sees it knows the node's outputs and logs are saved, or never will be.
-        write_exit_record(state_dir, name, exit_code, reason, ended_at, returncode=returncode)
+    while supervisor.children:
+        ready, _, _ = select.select([wake, *supervisor.children], [], [])
+        for fd in ready:
+            if fd == wake:
+                os.read(wake, 4096)  # one byte per signal: what they ask for is in the file
+                supervisor.add_requested()
+            else:
+                supervisor.ended(fd)
     return 0
 
 
-def _spawn(request: dict, state_dir: str, incarnation: int = 0) -> int:
+class Supervisor:
+    """The run's node processes, each waited on through a pidfd, and what to do when one ends."""
+
+    def __init__(self, state_dir: str, run: WorkDir, requests: list[dict]):
+        self.state_dir = state_dir
+        self.run = run
+        self.by_name = {request["name"]: request for request in requests}
+        self.template = requests[-1]  # a node `launcher scale` adds starts like the run's last node
+        self.recovery = json.loads(requests[0]["env"].get("LAUNCHER_RECOVERY") or "null") if requests else None
+        self.children: dict[int, tuple[str, subprocess.Popen]] = {}  # pidfd -> (node, process)
+        self.refs: dict[str, ProcessRef] = {}
+        self.replaced = 0
+
+    def spawn(self, request: dict, incarnation: int = 0) -> int:
+        proc = _spawn(request, self.state_dir, incarnation)
+        self.children[os.pidfd_open(proc.pid)] = (request["name"], proc)
+        self.refs[request["name"]] = ProcessRef.of(proc.pid)
+        return proc.pid
+
+    def record(self) -> dict:
+        return write_processes(self.state_dir, ProcessRef.of(os.getpid()), self.refs)
+
+    def add_requested(self) -> None:
+        """Start the nodes `launcher scale` asked for that were not started yet."""
+        new = [name for name in read_added(self.state_dir) if name not in self.by_name]
+        for name in new:
+            env = self.template["env"]
+            groups = node_names.including(json.loads(env["LAUNCHER_NODE_GROUPS"]), name)
+            request = {**self.template, "name": name,
+                       "env": {**env, "LAUNCHER_NODE_NAME": name, "LAUNCHER_NODE_GROUPS": json.dumps(groups)}}
+            self.by_name[name] = request
+            pid = self.spawn(request)
+            _say(f"node {name} added (pid {pid})")
+        if new:
+            self.record()
+
+    def ended(self, fd: int) -> None:
+        name, proc = self.children.pop(fd)
+        os.close(fd)
+        returncode = proc.wait()  # at once: the pidfd is readable once the process has exited
+        ended_at = time.time()
+        _say(f"node {name} (pid {proc.pid}) ended: {returncode}")
+        exit_code, reason = describe(returncode)
+        try:
+            status = self.run.get_record(status_key(name))
+            save_leftovers(self.run, name, status)
+            record_on_behalf(self.run, name, status, exit_code, reason, str(console_log_path(self.state_dir, name)),
+                             at=ended_at)
+            if status.get("state") == "lost" and replacement_wanted(self.run, self.recovery, self.replaced):
+                self.replaced += 1
+                pid = self.spawn(self.by_name[name], incarnation=self.replaced)
+                self.record()
+                _say(f"node {name} replaced (pid {pid}, replacement {self.replaced})")
+                return  # no exit record: the node goes on
+        except StoreError as exc:
+            _say(f"could not record the end of node {name}: {exc}")
+        # Written last: a reader that sees it knows the node's outputs and logs are saved, or never will be.
+        write_exit_record(self.state_dir, name, exit_code, reason, ended_at, returncode=returncode)
+
+
+def _wake_on(signum: int) -> int:
+    """A file descriptor that becomes readable when ``signum`` arrives (signal.set_wakeup_fd)."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    os.set_blocking(read, False)
+    signal.signal(signum, lambda *_: None)  # the byte on the wake-up fd is the event
+    signal.set_wakeup_fd(write)
+    return read
+
+
+def _say(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+def _spawn(request: dict, state_dir: str, incarnation: int = 0) -> subprocess.Popen:
     """Start one node process in its own session, its output appended to its console log."""
     env = {**os.environ, **request["env"], **({"LAUNCHER_NODE_INCARNATION": str(incarnation)} if incarnation else {})}
     with open(console_log_path(state_dir, request["name"]), "ab") as console:
         proc = subprocess.Popen(request["argv"], cwd=request["cwd"], env=env, stdin=subprocess.DEVNULL,
                                 stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
-    return proc.pid
+    return proc
 
 
 if __name__ == "__main__":

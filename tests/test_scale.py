@@ -1,0 +1,195 @@
+"""`launcher scale`: an elastic run grows and shrinks while it trains (real CLI, real torchrun, local backend);
+the rounds neither wait for nor take in a node that left; runs that cannot be scaled are refused, saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from clirun import Watcher, info_of, run_id_from, wait_until
+from cluster import write_spec
+from conftest import run_cli
+from launcher import node_names
+from launcher.backends.oci import OciBackend
+from launcher.backends.local.processes import supervisor_problem
+from launcher.commands.scale import plan_change
+from launcher.errors import BackendError
+from launcher.node.rendezvous import PollPolicy, Registration
+from launcher.node.rounds import Rounds, Timing, latest_round
+from launcher.node.store import WorkDir
+from launcher.runs.recovery import LEAVE, Policy, RoundEnd
+from launcher.runs.state import RunInfo
+
+ELASTIC = {"elastic": {"minNodes": 2, "maxNodes": 3}}
+# Trains until the test creates DONE (every rank agrees on it through an all-reduce), checkpointing each epoch.
+JOB = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+checkpoints = os.environ["LAUNCHER_CHECKPOINT_DIR"]
+os.makedirs(checkpoints, exist_ok=True)
+path = os.path.join(checkpoints, "epoch.pt")
+epoch = torch.load(path) if os.path.exists(path) else 0
+print(f"rank {rank}: WORLD_SIZE={os.environ['WORLD_SIZE']} from epoch {epoch}", flush=True)
+while True:
+    done = torch.tensor([float(os.path.exists(os.environ["DONE"]))])
+    dist.all_reduce(done)
+    if done.item() > 0:
+        break
+    epoch += 1
+    time.sleep(0.1)
+    if rank == 0:
+        torch.save(epoch, os.path.join(checkpoints, ".epoch.tmp"))
+        os.replace(os.path.join(checkpoints, ".epoch.tmp"), path)
+"""
+QUICK_JOB = "print('done', flush=True)\n"
+
+
+def members(tmp_path: Path, run_id: str) -> list[str]:
+    latest = latest_round(WorkDir(str(tmp_path / "wd" / run_id)))
+    return latest.members if latest else []
+
+
+def world_sizes(lines: list[str]) -> list[int]:
+    """The WORLD_SIZE rank 0 saw at each start of training, changes only."""
+    seen = [int(m.group(1)) for line in lines if (m := re.search(r"r0\].*WORLD_SIZE=(\d+)", line))]
+    return [size for i, size in enumerate(seen) if i == 0 or seen[i - 1] != size]
+
+
+@pytest.mark.slow
+def test_an_elastic_run_grows_to_3_and_shrinks_to_2_while_it_trains(tmp_path, launcher_home):
+    done = tmp_path / "done"
+    spec = write_spec(tmp_path, JOB, nodes=2, extra_cluster=ELASTIC, env=[{"name": "DONE", "value": str(done)}])
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = run_id_from(started.stdout)
+    watcher = Watcher(run_id, dict(os.environ))
+    watcher.wait_for(r"r0\].*WORLD_SIZE=2 from epoch", timeout=60)
+
+    grown = run_cli("scale", run_id, "--nodes", "3")
+    assert grown.returncode == 0, grown.stdout + grown.stderr
+    assert "started t-worker-1" in grown.stdout
+    assert "t-worker-1" in info_of(launcher_home, run_id)["nodes"]  # status, watch, cancel and clean see it
+    assert "t-worker-1" in json.loads((launcher_home / "runs" / run_id / "processes.json").read_text())["nodes"]
+    assert wait_until(lambda: members(tmp_path, run_id) == ["t-main", "t-worker-0", "t-worker-1"], 60)
+    watcher.wait_for(r"r0\].*WORLD_SIZE=3 from epoch [1-9]", timeout=60)  # resumed from its checkpoint
+
+    shrunk = run_cli("scale", run_id, "--nodes", "2")
+    assert shrunk.returncode == 0, shrunk.stdout + shrunk.stderr
+    assert "asked t-worker-1 to leave" in shrunk.stdout
+    scale = json.loads((tmp_path / "wd" / run_id / "control" / "scale.json").read_text())
+    assert scale["nodes"] == 2 and scale["remove"] == ["t-worker-1"]
+    assert wait_until(lambda: members(tmp_path, run_id) == ["t-main", "t-worker-0"], 60)
+    watcher.wait_for(r"r0\].*WORLD_SIZE=2 from epoch [1-9]\d*$", timeout=60)
+    assert world_sizes(watcher.lines) == [2, 3, 2]
+
+    done.touch()
+    code, output = watcher.finish(timeout=60)
+    assert code == 0, output[-3000:]
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "succeeded"
+    assert status["rounds"]["restarts"] == 0  # a join and a leave cost no restart
+    assert status["rounds"]["members"] == ["t-main", "t-worker-0"]
+    left = json.loads((tmp_path / "wd" / run_id / "status" / "t-worker-1.json").read_text())
+    assert left["state"] == "left" and left["exit_code"] == 0, left
+
+
+def test_scale_refuses_runs_it_cannot_change(tmp_path, launcher_home):
+    static = write_spec(tmp_path, QUICK_JOB, nodes=1)
+    finished = run_cli("run", "-f", str(static), cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    refused = run_cli("scale", run_id_from(finished.stdout), "--nodes", "2")
+    assert refused.returncode == 2
+    assert "is not elastic: only a run with spec.cluster.spec.elastic (minNodes, maxNodes) can be scaled" \
+        in refused.stderr
+
+    elastic = write_spec(tmp_path, QUICK_JOB, nodes=2, extra_cluster=ELASTIC)
+    finished = run_cli("run", "-f", str(elastic), cwd=tmp_path)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    run_id = run_id_from(finished.stdout)
+    outside = run_cli("scale", run_id, "--nodes", "4")
+    assert outside.returncode == 2
+    assert f"--nodes 4 is outside run {run_id}'s minNodes..maxNodes (2..3, spec.cluster.spec.elastic)" \
+        in outside.stderr
+    ended = run_cli("scale", run_id, "--nodes", "3")
+    assert ended.returncode == 2
+    assert f"run {run_id} has ended (succeeded): only a running run can be scaled" in ended.stderr
+    assert not (tmp_path / "wd" / run_id / "control" / "scale.json").exists()  # nothing recorded
+
+
+def test_a_backend_that_cannot_scale_says_so(tmp_path):
+    info = RunInfo("r", "oci", str(tmp_path), ["t-main"], "", "", 0.0)
+    assert "the oci backend cannot scale a running run yet" in OciBackend().scale_problem(info)
+    with pytest.raises(BackendError, match="cannot scale"):
+        OciBackend().scale(info, ["t-worker-1"])
+    assert "its supervisor" in supervisor_problem(tmp_path) and "is not running" in supervisor_problem(tmp_path)
+
+
+def test_added_names_continue_the_worker_numbering_and_rank_after_the_specs_nodes():
+    groups = [("j-main", 1), ("j-worker", 2)]
+    assert node_names.added(groups, ["j-main", "j-worker-0", "j-worker-1", "j-worker-2"], 2) == \
+        ["j-worker-3", "j-worker-4"]  # a name that left is never given again
+    assert node_names.added([("j-main", 1), ("j-worker", 0)], ["j-main"], 1) == ["j-worker-0"]
+    assert node_names.expand(node_names.including(groups, "j-worker-3"))[-1] == "j-worker-3"
+    with pytest.raises(ValueError):
+        node_names.including(groups, "j-wrker-3")  # a typo is no node of the groups
+    order = node_names.expand(groups)
+    assert node_names.rank_order(order, "j-worker", ["j-worker-10", "j-worker-3", "j-main", "other"]) == \
+        ["j-main", "j-worker-3", "j-worker-10"]
+
+
+def test_shrinking_asks_the_highest_numbered_workers_first_and_the_main_last():
+    groups = [("j-main", 1), ("j-worker", 2)]
+    present = ["j-worker-3", "j-main", "j-worker-0"]  # j-worker-1 left earlier, j-worker-3 was added
+    assert plan_change(groups, present, [], 1).remove == ["j-worker-3", "j-worker-0"]
+    assert plan_change(groups, ["j-worker-0", "j-worker-1"], [], 1).remove == ["j-worker-1"]
+    grown = plan_change(groups, present, ["j-main", "j-worker-0", "j-worker-1", "j-worker-3"], 4)
+    assert grown.before == ["j-main", "j-worker-0", "j-worker-3"] and grown.add == ["j-worker-4"]
+
+
+FAST = Timing(settle=0.3, first_settle=0.5, end_check=0.05)
+NODES = ["m", "w-0", "w-1"]
+
+
+def join(store: WorkDir, names: list[str], number: int) -> dict[str, object]:
+    results: dict[str, object] = {}
+
+    def one(name: str) -> None:
+        me = Registration(name, "127.0.0.1", 1000 + NODES.index(name))
+        results[name] = Rounds(store, NODES, Policy(0, min_nodes=2), FAST, grows="w").join(
+            number, me, timeout=20, poll=PollPolicy(initial=0.01, cap=0.02))
+
+    threads = [threading.Thread(target=one, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_a_member_that_leaves_ends_its_round_is_not_waited_for_and_costs_no_restart(tmp_path):
+    store = WorkDir(str(tmp_path / "run"))
+    join(store, NODES, 0)
+    rounds = Rounds(store, NODES, Policy(0, min_nodes=2), FAST)
+    assert not rounds.ended(0, NODES)
+    rounds.end(0, RoundEnd("w-1", LEAVE, "the run was scaled to 2 nodes", None, time.time()))
+    assert rounds.ended(0, NODES) and not rounds.ended(0, ["m", "w-0"])  # a non-member's leave ends nothing
+    begun = time.monotonic()
+    joined = join(store, ["m", "w-0"], 1)
+    assert time.monotonic() - begun < FAST.settle  # w-1 is not expected: no settling
+    assert joined["m"].members == ["m", "w-0"] and joined["m"].restarts == 0  # a leave costs nothing
+
+
+def test_a_node_that_left_while_waiting_is_not_taken_in(tmp_path):
+    store = WorkDir(str(tmp_path / "run"))
+    join(store, NODES, 0)
+    store.create(f"rounds/00001/nodes/{Registration('w-1', '127.0.0.1', 1002).key.rsplit('/', 1)[1]}", b"{}")
+    Rounds(store, NODES, Policy(0, min_nodes=2), FAST).end(1, RoundEnd("w-1", LEAVE, "scaled", None, time.time()))
+    joined = join(store, ["m", "w-0"], 1)
+    assert joined["m"].members == ["m", "w-0"]
