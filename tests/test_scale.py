@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,14 +19,16 @@ from cluster import write_spec
 from conftest import run_cli
 from launcher import node_names
 from launcher.backends.oci import OciBackend
-from launcher.backends.local.processes import supervisor_problem
+from launcher.backends.local.processes import read_added, request_nodes, supervisor_problem, write_processes
 from launcher.commands.scale import plan_change
 from launcher.errors import BackendError
 from launcher.node.rendezvous import PollPolicy, Registration
 from launcher.node.rounds import Rounds, Timing, latest_round
+from launcher.node.settings import SettingsError, from_env
 from launcher.node.store import WorkDir
 from launcher.runs.recovery import LEAVE, Policy, RoundEnd
 from launcher.runs.state import RunInfo
+from launcher.runs.supervision import ProcessRef
 
 ELASTIC = {"elastic": {"minNodes": 2, "maxNodes": 3}}
 # Trains until the test creates DONE (every rank agrees on it through an all-reduce), checkpointing each epoch.
@@ -131,6 +135,21 @@ def test_a_backend_that_cannot_scale_says_so(tmp_path):
     assert "its supervisor" in supervisor_problem(tmp_path) and "is not running" in supervisor_problem(tmp_path)
 
 
+def test_a_supervisor_that_does_not_start_the_nodes_is_reported_with_its_log(tmp_path):
+    deaf = subprocess.Popen([sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGUSR1, "
+                             "signal.SIG_IGN); print(flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        deaf.stdout.readline()  # it ignores SIGUSR1 from here on
+        write_processes(str(tmp_path), ProcessRef.of(deaf.pid), {})
+        with pytest.raises(BackendError, match=f"did not start t-worker-1 within 0.3s; see {tmp_path}/supervisor.log"):
+            request_nodes(tmp_path, ["t-worker-1"], timeout=0.3)
+        assert read_added(tmp_path) == ["t-worker-1"]
+    finally:
+        deaf.kill()
+        deaf.wait()
+
+
 def test_added_names_continue_the_worker_numbering_and_rank_after_the_specs_nodes():
     groups = [("j-main", 1), ("j-worker", 2)]
     assert node_names.added(groups, ["j-main", "j-worker-0", "j-worker-1", "j-worker-2"], 2) == \
@@ -142,6 +161,18 @@ def test_added_names_continue_the_worker_numbering_and_rank_after_the_specs_node
     order = node_names.expand(groups)
     assert node_names.rank_order(order, "j-worker", ["j-worker-10", "j-worker-3", "j-main", "other"]) == \
         ["j-main", "j-worker-3", "j-worker-10"]
+
+
+def test_an_added_node_is_told_groups_that_hold_its_name_and_a_typo_is_still_refused():
+    groups = [["t-main", 1], ["t-worker", 1]]
+    env = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_WORK_DIR": "/tmp/wd", "LAUNCHER_ENTRYPOINT": "job.py",
+           "LAUNCHER_NODE_NAME": "t-worker-2", "LAUNCHER_NODE_GROUPS": json.dumps(groups)}
+    with pytest.raises(SettingsError, match="'t-worker-2' is not a node of LAUNCHER_NODE_GROUPS"):
+        from_env(env)  # the spec's groups alone do not hold it
+    told = {**env, "LAUNCHER_NODE_GROUPS": json.dumps(node_names.including(groups, "t-worker-2"))}
+    assert from_env(told).node == "t-worker-2"
+    with pytest.raises(SettingsError, match="not a node"):
+        from_env({**told, "LAUNCHER_NODE_NAME": "t-wroker-2"})
 
 
 def test_shrinking_asks_the_highest_numbered_workers_first_and_the_main_last():
