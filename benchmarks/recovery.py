@@ -1,9 +1,12 @@
-"""How long a recovering run stops training when a node dies, on the local backend, against a whole-run restart.
+"""How long a recovering run stops training when a node dies, on the local or docker backend, against a
+whole-run restart.
 
 A 3-node elastic run (minNodes 2, maxRestarts 3) of a small DDP-style job (gloo, one all-reduce and a
 checkpoint per 0.3 s epoch) is started with `launcher run --detach`; at epoch 8 the node process of
-a worker (then, separately, of the main) is killed with SIGKILL. From the run's log records in the
-work dir (each line carries the time it was written):
+a worker (then, separately, of the main) is killed with SIGKILL (docker: `docker kill` of its container;
+the nodes run the test base image of tests/dockerenv.py with this checkout and the job mounted, as
+tests/test_recovery_docker.py does). From the run's log records in the work dir (each line carries
+the time it was written):
 
 - back: from the kill to the first line of a survivor's training in the next round (its checkpoint loaded);
 - joined: from the kill to the first line of the replacement's training.
@@ -11,7 +14,7 @@ work dir (each line carries the time it was written):
 For comparison, "restart": a new run of the same spec, from `launcher run` to its first epoch line,
 what a retry of the whole run costs before it trains again (not counting the epochs it repeats).
 
-    .venv/bin/python benchmarks/recovery.py [--repeats 3]
+    .venv/bin/python benchmarks/recovery.py [--repeats 3] [--backend docker]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from clirun import run_id_from  # noqa: E402
 from cluster import write_spec  # noqa: E402
 from test_recovery import ELASTIC, JOB  # noqa: E402
+from test_recovery_docker import docker_spec  # noqa: E402
 
 LAUNCHER = [sys.executable, "-m", "launcher"]
 
@@ -56,18 +60,40 @@ def wait_for_line(run_dir: Path, text: str, timeout: float = 180) -> float:
     raise TimeoutError(text)
 
 
-def one(victim: str, home: Path) -> tuple[float, float]:
+class Setup:
+    """The backend's spec of the benchmark's run, and how it kills a node."""
+
+    def __init__(self, backend: str, home: Path) -> None:
+        self.backend, self.home = backend, home
+        self.image = None
+        if backend == "docker":
+            from dockerenv import ensure_base_image
+
+            self.image = ensure_base_image()
+
+    def spec(self, directory: Path) -> Path:
+        if self.image:
+            return docker_spec(directory, self.image, 3, ELASTIC)
+        return write_spec(directory, JOB, nodes=3, extra_cluster=ELASTIC)
+
+    def kill(self, run_id: str, node: str) -> None:
+        if self.image:
+            subprocess.run(["docker", "kill", f"{run_id}-{node}"], capture_output=True, check=True)
+            return
+        pid = json.loads((self.home / "runs" / run_id / "processes.json").read_text())["nodes"][node]["pid"]
+        os.kill(pid, signal.SIGKILL)
+
+
+def one(victim: str, setup: Setup) -> tuple[float, float]:
     directory = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
-    spec = write_spec(directory, JOB, nodes=3, extra_cluster=ELASTIC)
-    env = {**os.environ, "LAUNCHER_HOME": str(home)}
-    started = subprocess.run([*LAUNCHER, "run", "-f", str(spec), "--detach"], cwd=directory, env=env,
+    env = {**os.environ, "LAUNCHER_HOME": str(setup.home)}
+    started = subprocess.run([*LAUNCHER, "run", "-f", str(setup.spec(directory)), "--detach"], cwd=directory, env=env,
                              capture_output=True, text=True, check=True)
     run_id = run_id_from(started.stdout)
     run_dir = directory / "wd" / run_id
     wait_for_line(run_dir, "rank 0: epoch 8")
-    pid = json.loads((home / "runs" / run_id / "processes.json").read_text())["nodes"][victim]["pid"]
     killed = time.time()
-    os.kill(pid, signal.SIGKILL)
+    setup.kill(run_id, victim)
     subprocess.run([*LAUNCHER, "watch", run_id], env=env, capture_output=True, timeout=300)
     after = [(t, node, line) for t, node, line in log_lines(run_dir) if t > killed]
     back = next(t for t, node, line in after if node != victim and "resuming after epoch" in line)
@@ -75,10 +101,10 @@ def one(victim: str, home: Path) -> tuple[float, float]:
     return back - killed, joined - killed
 
 
-def whole_restart(home: Path) -> float:
+def whole_restart(setup: Setup) -> float:
     directory = Path(tempfile.mkdtemp(prefix="bench-restart-"))
-    spec = write_spec(directory, JOB, nodes=3, extra_cluster=ELASTIC)
-    env = {**os.environ, "LAUNCHER_HOME": str(home)}
+    env = {**os.environ, "LAUNCHER_HOME": str(setup.home)}
+    spec = setup.spec(directory)
     begun = time.time()
     started = subprocess.run([*LAUNCHER, "run", "-f", str(spec), "--detach"], cwd=directory, env=env,
                              capture_output=True, text=True, check=True)
@@ -91,11 +117,13 @@ def whole_restart(home: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
-    repeats = parser.parse_args().repeats
-    home = Path(tempfile.mkdtemp(prefix="bench-recovery-home-"))
-    results = {victim: [one(victim, home) for _ in range(repeats)] for victim in ("t-worker-1", "t-main")}
-    restarts = [whole_restart(home) for _ in range(repeats)]
-    print(f"local backend, 3 nodes (elastic, min 2), {repeats} runs each, median seconds after SIGKILL:")
+    parser.add_argument("--backend", choices=("local", "docker"), default="local")
+    options = parser.parse_args()
+    repeats = options.repeats
+    setup = Setup(options.backend, Path(tempfile.mkdtemp(prefix="bench-recovery-home-")))
+    results = {victim: [one(victim, setup) for _ in range(repeats)] for victim in ("t-worker-1", "t-main")}
+    restarts = [whole_restart(setup) for _ in range(repeats)]
+    print(f"{options.backend} backend, 3 nodes (elastic, min 2), {repeats} runs each, median seconds after SIGKILL:")
     for victim, timings in results.items():
         print(f"  {victim:<11} training again on the survivors: {median([b for b, _ in timings]):5.2f} s "
               f"(runs: {', '.join(f'{b:.2f}' for b, _ in timings)}); replacement training: "
