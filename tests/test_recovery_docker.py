@@ -1,6 +1,6 @@
-"""Recovery on the docker backend, through the real CLI on the real engine: `docker kill` of a node's container
-mid-training; the run goes on, the supervisor starts a new container for that node (a new incarnation) that
-joins, and nothing of the run is left on the engine afterwards.
+"""Recovery and scaling on the docker backend, through the real CLI on the real engine: `docker kill` of a node's
+container mid-training; the run goes on, the supervisor starts a new container for that node (a new incarnation)
+that joins, and nothing of the run is left on the engine afterwards; `launcher scale` 2 -> 3 -> 2.
 
 The nodes run the test base image with this checkout's launcher package and the job mounted (no image
 build): the job is tests/test_recovery.py's, whose final weights show that every epoch ran exactly once.
@@ -12,17 +12,21 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from clirun import Watcher, run_id_from
+from clirun import Watcher, info_of, run_id_from, wait_until
 from cluster import write_spec
 from conftest import REPO, run_cli
 from test_recovery import ELASTIC, EXPECTED, JOB, final_weights
+from test_scale import JOB as ENDLESS_JOB
+from test_scale import members, world_sizes
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +39,12 @@ def run_containers(run_id: str) -> list[str]:
     return docker("ps", "-aq", "--filter", f"label=launcher.run-id={run_id}").split()
 
 
-def docker_spec(directory: Path, image: str, nodes: int, cluster: dict) -> Path:
-    """write_spec's job on the docker backend: the base image, with the launcher package and the job mounted."""
-    spec_path = write_spec(directory, JOB, nodes=nodes, extra_cluster=cluster, entry={"entryPoint": "/code/job.py"},
-                           env=[{"name": "PYTHONPATH", "value": "/opt/launcher"}])
+def docker_spec(directory: Path, image: str, nodes: int, cluster: dict, script: str = JOB,
+                env: tuple[dict, ...] = ()) -> Path:
+    """write_spec's job on the docker backend: the base image, with the launcher package and ``directory``
+    (the job) mounted at /code."""
+    spec_path = write_spec(directory, script, nodes=nodes, extra_cluster=cluster, entry={"entryPoint": "/code/job.py"},
+                           env=[{"name": "PYTHONPATH", "value": "/opt/launcher"}, *env])
     spec = yaml.safe_load(spec_path.read_text())
     spec["spec"]["infrastructure"] = {"kind": "infrastructure", "type": "docker", "spec": {
         "volumes": [f"{REPO / 'launcher'}:/opt/launcher/launcher:ro", f"{directory}:/code:ro"]}}
@@ -136,3 +142,63 @@ def test_take_over_follows_a_replaced_nodes_newest_container(docker_engine, node
     finally:
         remove_run(client, run_id)
     assert run_containers(run_id) == []
+
+
+def test_scale_adds_a_container_and_the_node_asked_to_leave_ends(tmp_path, launcher_home, node_base_image):
+    done = tmp_path / "done"
+    # Torn down together: a rank whose peer exits first while gloo's threads still run may abort (SIGABRT).
+    script = ENDLESS_JOB + "dist.barrier()\ndist.destroy_process_group()\n"
+    spec = docker_spec(tmp_path, node_base_image, 2, {"elastic": {"minNodes": 2, "maxNodes": 3}}, script,
+                       ({"name": "DONE", "value": "/code/done"},))
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = run_id_from(started.stdout)
+    watcher = Watcher(run_id, dict(os.environ))
+    try:
+        watcher.wait_for(r"r0\].*WORLD_SIZE=2 from epoch", timeout=60)
+        grown = run_cli("scale", run_id, "--nodes", "3")
+        assert grown.returncode == 0, grown.stdout + grown.stderr
+        assert "started t-worker-1" in grown.stdout
+        assert "t-worker-1" in info_of(launcher_home, run_id)["nodes"]
+        assert docker("ps", "-q", "--filter", f"name={run_id}-t-worker-1", "--filter", "label=launcher.node=t-worker-1")
+        assert wait_until(lambda: members(tmp_path, run_id) == ["t-main", "t-worker-0", "t-worker-1"], 60)
+        watcher.wait_for(r"r0\].*WORLD_SIZE=3 from epoch [1-9]", timeout=60)  # resumed from its checkpoint
+        shrunk = run_cli("scale", run_id, "--nodes", "2")
+        assert shrunk.returncode == 0, shrunk.stdout + shrunk.stderr
+        assert "asked t-worker-1 to leave" in shrunk.stdout
+        assert wait_until(lambda: members(tmp_path, run_id) == ["t-main", "t-worker-0"], 60)
+        watcher.wait_for(r"r0\].*WORLD_SIZE=2 from epoch [1-9]\d*$", timeout=60)
+        assert world_sizes(watcher.lines) == [2, 3, 2]
+    finally:
+        done.touch()
+    code, output = watcher.finish(timeout=60)
+    assert code == 0, output[-3000:]
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "succeeded" and status["rounds"]["restarts"] == 0
+    left = json.loads((tmp_path / "wd" / run_id / "status" / "t-worker-1.json").read_text())
+    assert left["state"] == "left" and left["exit_code"] == 0, left
+    assert run_containers(run_id) == []
+
+
+def test_scale_refuses_without_a_supervisor_and_reports_one_that_does_not_start_the_nodes(tmp_path):
+    from launcher.backends.docker import SUPERVISOR_FILE, DockerBackend
+    from launcher.errors import BackendError
+    from launcher.runs.state import RunInfo
+    from launcher.runs.supervision import ProcessRef
+
+    info = RunInfo("r", "docker", str(tmp_path), ["t-main", "t-worker-0"], "", "", 0.0,
+                   path=str(tmp_path / "info.yaml"))
+    assert "its supervisor" in DockerBackend().scale_problem(info)
+    deaf = subprocess.Popen([sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGUSR1, "
+                             "signal.SIG_IGN); print(flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        deaf.stdout.readline()  # it ignores SIGUSR1 from here on
+        (tmp_path / SUPERVISOR_FILE).write_text(json.dumps({"supervisor": asdict(ProcessRef.of(deaf.pid)),
+                                                             "containers": {"t-main": "a", "t-worker-0": "b"}}))
+        assert DockerBackend().scale_problem(info) is None
+        with pytest.raises(BackendError, match=f"did not start t-worker-1 within 0.3s; see {tmp_path}/supervisor.log"):
+            DockerBackend().scale(info, ["t-worker-1"], timeout=0.3)
+    finally:
+        deaf.kill()
+        deaf.wait()

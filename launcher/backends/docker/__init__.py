@@ -11,7 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.backends.docker.containers import (CONTAINER_WORK_DIR, DEFAULT_WORK_DIR, NODE_LABEL,
@@ -26,6 +26,7 @@ from launcher.spec.model import Spec
 from launcher.workdirs import resolve_local, scheme
 
 
+SUPERVISOR_FILE = "supervisor.json"  # the supervisor's identity and each node's current container
 SUPERVISOR_CLEANUP_SECONDS = 30  # for a supervisor to save the last consoles and remove the containers
 
 
@@ -107,8 +108,7 @@ class DockerBackend(Backend):
         fates = {name: fate for name in info.nodes if (fate := recorded_fate(info.state_dir, name)) is not None}
         supervisor = _supervisor(info)
         if len(fates) == len(info.nodes) or (supervisor is not None and supervisor.running()):
-            return fates | {name: NodeFate(True) for name in info.backend_ids.get("containers", {})
-                            if name not in fates}
+            return fates | {name: NodeFate(True) for name in _recorded_containers(info) if name not in fates}
         return fates | self._take_over(info, exclude=set(fates))
 
     def _take_over(self, info: RunInfo, exclude: set[str]) -> dict[str, NodeFate]:
@@ -156,6 +156,34 @@ class DockerBackend(Backend):
                 and not _keeps_containers(info):
             remove_run(client, info.run_id)
         return fates
+
+    def scale_problem(self, info: RunInfo) -> str | None:
+        supervisor = _supervisor(info)
+        if supervisor is None or not supervisor.running():
+            return (f"its supervisor (recorded in {Path(info.state_dir) / SUPERVISOR_FILE}) is not running: every "
+                    "node of the run has ended, the supervisor was killed, or compose started the run")
+        return None
+
+    def scale(self, info: RunInfo, add: Sequence[str], timeout: float = 60.0) -> list[str]:
+        """Ask the run's supervisor (it holds the nodes' env, secrets included) to start containers for ``add``;
+        return once ``supervisor.json`` records them all."""
+        from launcher.backends.local.processes import ADD_SIGNAL, ADDED_FILE, read_added
+        from launcher.fileio import atomic_write
+
+        supervisor = _supervisor(info)
+        problem = self.scale_problem(info)
+        if supervisor is None or problem:
+            raise BackendError(f"cannot add nodes: {problem}")
+        earlier = read_added(info.state_dir)
+        atomic_write(Path(info.state_dir) / ADDED_FILE, json.dumps(earlier + [n for n in add if n not in earlier]))
+        os.kill(supervisor.pid, ADD_SIGNAL)
+        deadline = time.monotonic() + timeout
+        while not set(add) <= set(_recorded_containers(info)):  # the supervisor writes no other notice
+            if time.monotonic() >= deadline or not supervisor.running():
+                raise BackendError(f"the supervisor did not start {', '.join(add)} within {timeout:g}s; see "
+                                   f"{Path(info.state_dir) / 'supervisor.log'}")
+            time.sleep(0.05)
+        return list(add)
 
     def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
         """The run has ended: wait for its supervisor's clean-up, then remove what is left (kept
@@ -247,11 +275,22 @@ def _kill(container: Any) -> bool:
         raise
 
 
+def _supervisor_record(info: RunInfo) -> dict[str, Any]:
+    try:
+        data = json.loads((Path(info.state_dir) / SUPERVISOR_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _supervisor(info: RunInfo) -> ProcessRef | None:
     try:
-        from launcher.backends.docker.supervisor import SUPERVISOR_FILE
-
-        data = json.loads((Path(info.state_dir) / SUPERVISOR_FILE).read_text())
-        return ProcessRef(**data["supervisor"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return ProcessRef(**_supervisor_record(info)["supervisor"])
+    except (KeyError, TypeError):
         return None
+
+
+def _recorded_containers(info: RunInfo) -> dict[str, str]:
+    """Each node's current container as its supervisor records it (nodes ``launcher scale`` added included);
+    info.yaml's containers where it recorded none."""
+    return _supervisor_record(info).get("containers") or info.backend_ids.get("containers", {})

@@ -7,10 +7,12 @@ The same values are printed by ``--dry-run``, sent by ``run`` and turned into se
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
+from launcher import node_names
 from launcher.plan import Plan
 from launcher.spec.model import DockerInfra, Spec
 from launcher.workdirs import resolve_local, scheme
@@ -143,3 +145,16 @@ def replacement_spec(original: Mapping[str, Any], incarnation: int) -> dict[str,
     return {**original, "name": f"{original['name']}-r{incarnation}",
             "environment": {**original["environment"], "LAUNCHER_NODE_INCARNATION": str(incarnation)},
             "labels": {**original["labels"], INCARNATION_LABEL: str(incarnation)}}
+
+
+def added_node_spec(template: Mapping[str, Any], run_id: str, name: str) -> dict[str, Any]:
+    """The ``containers.create`` arguments of a node ``launcher scale`` adds: those of the run's last node
+    (``template``: same image, mounts, devices, network), under the new node's name, told groups that hold it."""
+    env = template["environment"]
+    groups = node_names.including(json.loads(env["LAUNCHER_NODE_GROUPS"]), name)
+    spec = {**template, "name": f"{run_id}-{name}",
+            "environment": {**env, "LAUNCHER_NODE_NAME": name, "LAUNCHER_NODE_GROUPS": json.dumps(groups)},
+            "labels": {**template["labels"], NODE_LABEL: name}}
+    if "hostname" in template:
+        spec["hostname"] = hostname(name)
+    return spec

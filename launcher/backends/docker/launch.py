@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from launcher.backends.base import Request
-from launcher.backends.docker.containers import INCARNATION_LABEL, NODE_LABEL, RUN_LABEL, replacement_spec
+from launcher.backends.docker.containers import INCARNATION_LABEL, NODE_LABEL, RUN_LABEL
 from launcher.dockerengine import api_error_text
 from launcher.errors import BackendError
 from launcher.node.exits import killed_by
@@ -53,12 +53,12 @@ def run_containers(client: Any, run_id: str) -> list[Any]:
     return client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})
 
 
-def start_replacement(client: Any, original: Mapping[str, Any], incarnation: int) -> str:
-    """Create and start a lost node's replacement container (see :func:`replacement_spec`); return its id.
-    A container the engine created but would not start is removed again."""
+def start_container(client: Any, spec: Mapping[str, Any]) -> str:
+    """Create and start one more container of a running run (a lost node's replacement, a node ``launcher scale``
+    adds); return its id. A container the engine created but would not start is removed again."""
     import docker.errors
 
-    container = client.containers.create(**replacement_spec(original, incarnation))
+    container = client.containers.create(**spec)
     try:
         container.start()
     except docker.errors.DockerException:

@@ -7,9 +7,13 @@ answers with its own process identity, then follows the engine's ``die`` events 
 node that ends it saves the container's output to ``nodes/{node}.log``, records the node's failure
 in the work dir when the node could not (``docker kill``, OOM), and writes the exit record. A lost
 member of a recovering run is replaced instead, while the policy allows: a new container for the
-same node (:func:`~launcher.backends.docker.launch.start_replacement`), followed as its first was;
-``supervisor.json`` records each node's current container. When every node has ended it removes
-the containers (replaced ones too) and the network, unless asked to keep them.
+same node (:func:`~launcher.backends.docker.containers.replacement_spec`), followed as its first
+was. ``launcher scale`` adds nodes as it does on the local backend (their names in ``added.json``
+of the state directory, then SIGUSR1): each gets a container like the run's last node's. The
+engine's events are read by a thread and the signal handler only queues a wake-up, so both are
+handled in order by one loop. ``supervisor.json`` records each node's current container. When
+every node has ended it removes the containers (replaced ones too) and the network, unless asked
+to keep them.
 """
 
 from __future__ import annotations
@@ -17,14 +21,18 @@ from __future__ import annotations
 import functools
 import json
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from typing import Any, Callable
 
-from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL
-from launcher.backends.docker.launch import describe_exit, remove_run, start_replacement
+from launcher.backends.docker import SUPERVISOR_FILE
+from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL, added_node_spec, replacement_spec
+from launcher.backends.docker.launch import describe_exit, remove_run, start_container
+from launcher.backends.local.processes import ADD_SIGNAL, read_added
 from launcher.dockerengine import api_error_text, connect
 from launcher.fileio import atomic_write
 from launcher.node.status import status_key
@@ -32,7 +40,7 @@ from launcher.node.store import StoreError, WorkDir
 from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf, replacement_wanted,
                                        write_exit_record)
 
-SUPERVISOR_FILE = "supervisor.json"
+STREAM_ENDED = "the engine's event stream ended"  # queued by the events thread when the stream ends under it
 
 
 def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: str, event_exit_code: int,
@@ -51,15 +59,14 @@ def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: st
     except docker.errors.APIError as exc:  # removed by hand (docker rm -f) or being removed: the event says how
         atomic_write(console, f"(the container's output could not be saved: {api_error_text(exc)})\n".encode())
     reason = describe_exit(exit_code, oom)
-    print(f"{time.strftime('%H:%M:%S')} node {name} ({container_id[:12]}) ended: {exit_code}", file=sys.stderr,
-          flush=True)
+    _say(f"node {name} ({container_id[:12]}) ended: {exit_code}")
     replaced = False
     try:
         status = run.get_record(status_key(name))
         record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at)
         replaced = replace is not None and status.get("state") == "lost" and replace()
     except StoreError as exc:
-        print(f"could not record the end of node {name}: {exc}", file=sys.stderr, flush=True)
+        _say(f"could not record the end of node {name}: {exc}")
     finally:  # written last: a reader that sees it knows the node's console is saved
         if not replaced:
             write_exit_record(state_dir, name, exit_code, reason, ended_at, oom_killed=oom)
@@ -70,38 +77,61 @@ def record(state_dir: str, me: dict[str, Any], containers: dict[str, str]) -> No
     atomic_write(os.path.join(state_dir, SUPERVISOR_FILE), json.dumps({**me, "containers": containers}))
 
 
-class Replacements:
-    """Starts lost nodes again while the run's recovery policy allows, and records each node's current container."""
+class Nodes:
+    """Starts lost nodes again while the run's recovery policy allows, and nodes ``launcher scale`` asks for;
+    records each node's current container."""
 
     def __init__(self, client: Any, run: WorkDir, state_dir: str, order: dict[str, Any], me: dict[str, Any]):
         self.client, self.run, self.state_dir, self.me = client, run, state_dir, me
+        self.run_id = order["run_id"]
         self.specs: dict[str, dict[str, Any]] = order.get("specs") or {}
         first = next(iter(self.specs.values()), None)
         self.recovery = json.loads(first["environment"].get("LAUNCHER_RECOVERY") or "null") if first else None
         self.containers: dict[str, str] = dict(order["containers"])
         self.replaced = 0
 
-    def __call__(self, name: str) -> bool:
+    def replace(self, name: str) -> bool:
         """Start ``name``'s replacement if wanted; whether it runs."""
         import docker.errors
 
         if name not in self.specs or not replacement_wanted(self.run, self.recovery, self.replaced):
             return False
         try:
-            container_id = start_replacement(self.client, self.specs[name], self.replaced + 1)
+            container_id = start_container(self.client, replacement_spec(self.specs[name], self.replaced + 1))
         except docker.errors.DockerException as exc:
-            print(f"could not replace node {name}: the Docker engine refused its new container: "
-                  f"{api_error_text(exc)}", file=sys.stderr, flush=True)
+            _say(f"could not replace node {name}: the Docker engine refused its new container: {api_error_text(exc)}")
             return False
         self.replaced += 1
         self.containers[name] = container_id
         record(self.state_dir, self.me, self.containers)
-        print(f"{time.strftime('%H:%M:%S')} node {name} replaced ({container_id[:12]}, replacement {self.replaced})",
-              file=sys.stderr, flush=True)
+        _say(f"node {name} replaced ({container_id[:12]}, replacement {self.replaced})")
         return True
+
+    def add_requested(self) -> dict[str, str]:
+        """Start the nodes `launcher scale` asked for that were not started yet; return node -> new container."""
+        import docker.errors
+
+        started = {}
+        for name in read_added(self.state_dir):
+            if name in self.specs or not self.specs:
+                continue
+            spec = added_node_spec(list(self.specs.values())[-1], self.run_id, name)
+            try:
+                started[name] = start_container(self.client, spec)
+            except docker.errors.DockerException as exc:
+                _say(f"could not add node {name}: the Docker engine refused its container: {api_error_text(exc)}")
+                continue
+            self.specs[name] = spec
+            _say(f"node {name} added ({started[name][:12]})")
+        if started:
+            self.containers.update(started)
+            record(self.state_dir, self.me, self.containers)
+        return started
 
 
 def main(state_dir: str, run_url: str) -> int:
+    inbox: queue.SimpleQueue = queue.SimpleQueue()  # engine events, and None for a scale request
+    signal.signal(ADD_SIGNAL, lambda *_: inbox.put(None))  # SimpleQueue.put is safe in a signal handler
     order = json.loads(sys.stdin.read())
     me = {"supervisor": asdict(ProcessRef.of(os.getpid()))}
     record(state_dir, me, order["containers"])
@@ -112,35 +142,52 @@ def main(state_dir: str, run_url: str) -> int:
         pass
     client = connect()
     run = WorkDir(run_url)
-    replacements = Replacements(client, run, state_dir, order, me)
+    nodes = Nodes(client, run, state_dir, order, me)
     waiting = dict(order["containers"])  # node -> its current container's id, while it runs
     events = client.events(since=int(order["since"]) - 1, decode=True,
                            filters={"type": "container", "event": "die", "label": f"{RUN_LABEL}={order['run_id']}"})
+    threading.Thread(target=_forward, args=(events, inbox), daemon=True).start()
     try:
-        for event in events:
+        while waiting:
+            event = inbox.get()
+            if event is None:
+                waiting.update(nodes.add_requested())
+                continue
+            if event == STREAM_ENDED:  # the next command that looks takes over (DockerBackend._take_over)
+                raise RuntimeError(f"{STREAM_ENDED} while nodes {', '.join(sorted(waiting))} still ran")
             actor = event.get("Actor", {})
             name = actor.get("Attributes", {}).get(NODE_LABEL)
-            if name in waiting and actor.get("ID") == waiting[name]:  # not a replaced container's late event
-                ended_at = event.get("timeNano", time.time_ns()) / 1e9  # when the engine saw it die
-                try:
-                    node_ended(client, run, state_dir, name, waiting[name],
-                               int(actor["Attributes"].get("exitCode", -1)), ended_at,
-                               replace=functools.partial(replacements, name))
-                except Exception as exc:  # noqa: BLE001 - one node's trouble must not leave the others unrecorded
-                    print(f"could not record the end of node {name}: {type(exc).__name__}: {exc}", file=sys.stderr,
-                          flush=True)
-                if replacements.containers[name] != waiting[name]:  # replaced: follow its new container
-                    waiting[name] = replacements.containers[name]
-                else:
-                    waiting.pop(name)
-            if not waiting:
-                break
+            if name not in waiting or actor.get("ID") != waiting[name]:  # not a replaced container's late event
+                continue
+            ended_at = event.get("timeNano", time.time_ns()) / 1e9  # when the engine saw it die
+            try:
+                node_ended(client, run, state_dir, name, waiting[name], int(actor["Attributes"].get("exitCode", -1)),
+                           ended_at, replace=functools.partial(nodes.replace, name))
+            except Exception as exc:  # noqa: BLE001 - one node's trouble must not leave the others unrecorded
+                _say(f"could not record the end of node {name}: {type(exc).__name__}: {exc}")
+            if nodes.containers[name] != waiting[name]:  # replaced: follow its new container
+                waiting[name] = nodes.containers[name]
+            else:
+                waiting.pop(name)
     finally:
         events.close()
     if not order.get("keep"):
         removed = remove_run(client, order["run_id"])
-        print(f"removed {', '.join(removed) or 'nothing (already gone)'}", file=sys.stderr, flush=True)
+        _say(f"removed {', '.join(removed) or 'nothing (already gone)'}")
     return 0
+
+
+def _forward(events: Any, inbox: queue.SimpleQueue) -> None:
+    try:
+        for event in events:
+            inbox.put(event)
+    except Exception:  # noqa: BLE001 - also how it ends when main closes the stream: nobody reads the inbox then
+        pass
+    inbox.put(STREAM_ENDED)
+
+
+def _say(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
