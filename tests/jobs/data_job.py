@@ -1,0 +1,97 @@
+"""A training job whose model records which indices it trained: parameter w[i] counts the times index i was
+trained in the current epoch (each step's gradient is 1 at the batch's indices; SGD with lr = world size
+undoes DDP's averaging). w is checkpointed with the model, so it rolls back with it; at each epoch's end the
+counts go to the outputs, and a test checks that every index was trained exactly once per epoch."""
+
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel
+
+from launcher.data import ElasticLoader, ElasticSampler
+
+N, SHARD, BATCH = int(os.environ.get("DATA_N", "480")), 16, 4
+EPOCHS, EVERY = int(os.environ.get("DATA_EPOCHS", "5")), 5
+WORKERS, STEP_SECONDS = int(os.environ.get("DATA_WORKERS", "0")), 0.03
+
+
+class Indices(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class Recorder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(N))
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        return self.w[indices].sum()
+
+
+dist.init_process_group("gloo")
+rank, world, round_number = dist.get_rank(), dist.get_world_size(), os.environ.get("LAUNCHER_ROUND")
+checkpoints, outputs = os.environ["LAUNCHER_CHECKPOINT_DIR"], os.environ["LAUNCHER_OUTPUTS_DIR"]
+os.makedirs(checkpoints, exist_ok=True)
+path = os.path.join(checkpoints, "state.pt")
+# Every rank starts from the newest checkpoint any of them holds (the sampler's state must be the same on all).
+local = torch.load(path) if os.path.exists(path) else None
+saves = [None] * world
+dist.all_gather_object(saves, (local["saves"] if local else -1, rank))
+newest, holder = max(saves)
+state = None
+if newest >= 0:
+    box = [local if rank == holder else None]
+    dist.broadcast_object_list(box, src=holder)
+    state = box[0]
+
+model = Recorder()
+sampler = ElasticSampler(N, shard_size=SHARD, shuffle=True, seed=0, checkpoint_every=EVERY)
+if state:
+    model.load_state_dict(state["model"])
+    sampler.load_state_dict(state["sampler"])
+    print(f"rank {rank} of {world}: resuming epoch {state['sampler']['epoch']} (round {round_number})", flush=True)
+ddp = DistributedDataParallel(model)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=float(world))
+loader = ElasticLoader(Indices(), batch_size=BATCH, sampler=sampler, num_workers=WORKERS)
+count = newest + 1
+
+
+def save() -> None:
+    global count
+    progress = sampler.state_dict()  # collective
+    if rank == 0:
+        torch.save({"saves": count, "model": model.state_dict(), "sampler": progress}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    count += 1
+
+
+for epoch in sampler.epochs(end=EPOCHS):
+    if not (state and state["sampler"]["epoch"] == epoch):
+        with torch.no_grad():
+            model.w.zero_()
+    with Join([ddp, sampler]):
+        for step, batch in enumerate(loader, 1):
+            ddp(batch).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            time.sleep(STEP_SECONDS)
+            if sampler.checkpoint_due():
+                save()
+                print(f"rank {rank}: epoch {epoch} step {step} world {world} round {round_number}",
+                      flush=True)
+    if rank == 0:
+        counts = (-model.w.detach()).round().int().tolist()
+        with open(os.path.join(outputs, f".epoch-{epoch}.tmp"), "w") as handle:
+            json.dump({"epoch": epoch, "round": round_number, "counts": counts}, handle)
+        os.replace(os.path.join(outputs, f".epoch-{epoch}.tmp"), os.path.join(outputs, f"epoch-{epoch}.json"))
+    save()
+    print(f"rank {rank}: epoch {epoch} done", flush=True)
+dist.barrier()
