@@ -13,7 +13,8 @@ from torch.utils.data import Sampler
 
 from launcher.data.claims import Claims, MemoryClaims
 from launcher.data.epoch import EpochRun
-from launcher.data.shards import STATE_VERSION, complete, decode, encode, epoch_order, remaining_units
+from launcher.data.shards import (STATE_VERSION, complete, decode, encode, epoch_order, remaining_units,
+                                  shard_length)
 
 SETTINGS = ("size", "shard_size", "shuffle", "seed")
 
@@ -101,8 +102,8 @@ class ElasticSampler(Sampler[int], Joinable):
         first = self._resume_epoch() if start is None else start
         try:
             for epoch in range(first, end):
-                if self._loaded_offsets(epoch) is not None and complete(
-                        self._loaded_offsets(epoch), size=self.size, shard_size=self.shard_size):
+                loaded = self._loaded_offsets(epoch)
+                if loaded is not None and complete(loaded, size=self.size, shard_size=self.shard_size):
                     continue
                 self.set_epoch(epoch)
                 yield epoch
@@ -128,11 +129,9 @@ class ElasticSampler(Sampler[int], Joinable):
     def __len__(self) -> int:
         """An estimate (claims are dynamic): this rank's even share of what the epoch has left."""
         base = self._run.base if self._run else self._loaded_offsets(self._resume_epoch()) or {}
-        left = sum(self._length(k) - offset for k, offset in remaining_units(self.size, self.shard_size, base))
+        left = sum(shard_length(self.size, self.shard_size, k) - offset
+                   for k, offset in remaining_units(self.size, self.shard_size, base))
         return -(-left // self.world_size)
-
-    def _length(self, shard: int) -> int:
-        return min(self.shard_size, self.size - shard * self.shard_size)
 
     # -- the loop's consumption (ElasticLoader) ---------------------------------------------
     def note_batch(self, length: int) -> None:
