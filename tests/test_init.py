@@ -21,7 +21,7 @@ def test_init_writes_a_valid_spec_example_and_artifacts(tmp_path):
     assert run_cli("validate", "-f", str(tmp_path / "train.yaml")).returncode == 0
     dockerfile = (tmp_path / "artifacts/pytorch/v1/Dockerfile").read_text()
     assert "ARG BASE_IMAGE" in dockerfile and "FROM ${BASE_IMAGE}" in dockerfile
-    assert "DistributedSampler" in (tmp_path / "train.py").read_text()
+    assert "ElasticSampler" in (tmp_path / "train.py").read_text()
 
 
 def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path):

@@ -1,9 +1,10 @@
 """Example DDP training: a small MLP on scikit-learn's bundled handwritten digits (no downloads).
 
 Runs under torchrun on any number of nodes and processes: gloo on CPU, nccl on GPU.
-Writes a checkpoint per epoch and the final model to the outputs directory
-(LAUNCHER_OUTPUTS_DIR, set by the launcher node bootstrap, or --output-dir), and
-resumes from the newest checkpoint found there. launcher copies that directory to the
+Writes a checkpoint per epoch (model, optimizer and data progress) into LAUNCHER_CHECKPOINT_DIR and
+the final model to the outputs directory (LAUNCHER_OUTPUTS_DIR, set by the launcher node bootstrap,
+or --output-dir), and resumes from the newest checkpoint found there. The data is handed out by
+launcher.data.ElasticSampler: every sample is trained once per epoch even when nodes come and go. launcher copies that directory to the
 run's work dir, WORK_DIR/RUN_ID/outputs/NODE/, which is where the model is after the run.
 """
 
@@ -19,8 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+from torch.distributed.algorithms.join import Join
+from torch.utils.data import TensorDataset
+
+from launcher.data import ElasticLoader, ElasticSampler
 
 
 def load_digits_split(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
@@ -96,8 +99,10 @@ def main() -> None:
 
     torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts rank 0's)
     train_set, test_set = load_digits_split()
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
+    # Shards of the shuffled data are claimed by whichever rank is ready (in the run's work dir), so a
+    # membership change never repeats or skips a sample; the loader tells the sampler what was trained.
+    sampler = ElasticSampler(len(train_set), shard_size=64, shuffle=True, seed=0)
+    loader = ElasticLoader(train_set, batch_size=args.batch_size, sampler=sampler)
     model = DistributedDataParallel(make_model().to(device), device_ids=[local_rank] if use_cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
@@ -118,19 +123,22 @@ def main() -> None:
         state = torch.load(checkpoint, map_location=device)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        sampler.load_state_dict(state["sampler"])
         print(f"rank {rank}: resumed from {checkpoint.name} (continuing at epoch {start_epoch + 1})", flush=True)
 
-    for epoch in range(start_epoch, args.epochs):
-        sampler.set_epoch(epoch)
+    for epoch in sampler.epochs(start=start_epoch, end=args.epochs):
         started, seen, total_loss = time.perf_counter(), 0, 0.0
-        for features, labels in loader:
-            features, labels = features.to(device), labels.to(device)
-            optimizer.zero_grad()
-            loss = loss_fn(model(features), labels)
-            loss.backward()
-            optimizer.step()
-            seen += len(labels)
-            total_loss += loss.item() * len(labels)
+        # Ranks may get different numbers of batches: Join keeps DDP's collectives matched until all are done.
+        with Join([model, sampler]):
+            for features, labels in loader:
+                features, labels = features.to(device), labels.to(device)
+                optimizer.zero_grad()
+                loss = loss_fn(model(features), labels)
+                loss.backward()
+                optimizer.step()
+                seen += len(labels)
+                total_loss += loss.item() * len(labels)
+        progress = sampler.state_dict()  # collective: every rank calls it
         elapsed = time.perf_counter() - started
         accuracy = evaluate(model.module, test_set, device)
         print(f"rank {rank}: epoch {epoch + 1}/{args.epochs} loss {total_loss / max(seen, 1):.4f} "
@@ -138,7 +146,8 @@ def main() -> None:
         if rank == 0:
             checkpoints.mkdir(parents=True, exist_ok=True)
             tmp = checkpoints / f".epoch-{epoch + 1:04d}.pt.tmp"
-            torch.save({"epoch": epoch, "model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
+            torch.save({"epoch": epoch, "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                        "sampler": progress}, tmp)
             tmp.replace(checkpoints / f"epoch-{epoch + 1:04d}.pt")
 
     accuracy = evaluate(model.module, test_set, device)
