@@ -64,6 +64,10 @@ def assert_every_shard_done(run_id: str) -> None:
     assert all(e["done"] == e["shards"] == N // 16 and e["in_flight"] == e["left"] == 0 for e in epochs), epochs
     table = run_cli("data", run_id).stdout
     assert re.search(r"^4\s+\S+\s+30\s+30\s+0\s+0$", table, re.M), table
+    status = run_cli("status", run_id, "--json")
+    assert json.loads(status.stdout)["data"] == epochs[-1]
+    assert f"data: epoch 4: 30 of 30 shards done, 0 in flight, 0 left (launcher data {run_id})" \
+        in run_cli("status", run_id).stdout
 
 
 def test_kills_of_a_worker_and_the_main_mid_epoch_train_each_index_once(tmp_path, launcher_home):

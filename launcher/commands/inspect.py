@@ -52,15 +52,24 @@ def _rounds(info: RunInfo) -> dict | None:
             "history": list(latest.history), "give_up": latest.give_up}
 
 
+def _data(info: RunInfo) -> dict | None:
+    """The newest epoch's progress of launcher.data.ElasticSampler, for a run that uses it."""
+    from launcher.data.progress import read_progress
+
+    latest = read_progress(open_run(info), latest_only=True)
+    return latest[-1].as_dict() if latest else None
+
+
 def status(ref: str | None, *, as_json: bool) -> int:
     info = resolve_run(ref)
     view = read_view(info)
     if view.lost:
         record_lost(view, open_run(info))
     rounds = _rounds(info)
+    data = _data(info)
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
-                   "result": view.result, "rounds": rounds,
+                   "result": view.result, "rounds": rounds, "data": data,
                    "work_dir": info.run_url, "nodes": {n: view.statuses.get(n) for n in info.nodes},
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
                    "stopped_because_of_it": view.victims()},
@@ -81,6 +90,9 @@ def status(ref: str | None, *, as_json: bool) -> int:
         if rounds:
             print(f"round {rounds['round']}: members {', '.join(rounds['members']) or '-'}; "
                   f"{rounds['restarts']} restarts" + "".join(f"\n  {line}" for line in rounds["history"]))
+        if data:
+            print(f"data: epoch {data['epoch']}: {data['done']} of {data['shards']} shards done, "
+                  f"{data['in_flight']} in flight, {data['left']} left (launcher data {info.run_id})")
         print(_table(rows))
         for name in info.nodes:
             accelerators = view.statuses.get(name, {}).get("accelerators") or {}

@@ -1,8 +1,24 @@
 """Dynamic data sharding for elastic runs: every index of an epoch trained exactly once, whatever nodes come
 and go (docs/data.md). Use ``ElasticSampler`` instead of ``DistributedSampler``, read it through
-``ElasticLoader`` (a ``DataLoader``), and keep ``sampler.state_dict()`` in the checkpoint with the model."""
+``ElasticLoader`` (a ``DataLoader``), and keep ``sampler.state_dict()`` in the checkpoint with the model.
 
-from launcher.data.loader import ElasticLoader
-from launcher.data.sampler import ElasticSampler
+The two are imported on first use: ``launcher status`` and ``launcher data`` read the progress records
+(launcher.data.progress) without importing torch."""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["ElasticLoader", "ElasticSampler"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ElasticLoader":
+        from launcher.data.loader import ElasticLoader
+
+        return ElasticLoader
+    if name == "ElasticSampler":
+        from launcher.data.sampler import ElasticSampler
+
+        return ElasticSampler
+    raise AttributeError(f"module 'launcher.data' has no attribute {name!r}")

@@ -31,18 +31,18 @@ def _attempt_order(name: str) -> tuple[int, ...] | None:
         return None
 
 
-def read_progress(store: WorkDir) -> list[EpochProgress]:
+def read_progress(store: WorkDir, *, latest_only: bool = False) -> list[EpochProgress]:
+    """Every recorded epoch's progress, oldest first; with ``latest_only`` only the newest epoch's (one read)."""
+    epochs = sorted(int(name) for name in store.list("data") if name.isdigit())
     found = []
-    for name in store.list("data"):
-        if not name.isdigit():
-            continue
-        epoch = int(name)
+    for epoch in epochs[-1:] if latest_only else epochs:
+        name = f"{epoch:05d}"
         attempts = [a for a in store.list(f"data/{name}") if _attempt_order(a) is not None]
         if attempts:
             progress = _attempt_progress(store, epoch, max(attempts, key=_attempt_order))
             if progress is not None:
                 found.append(progress)
-    return sorted(found, key=lambda p: p.epoch)
+    return found
 
 
 def _attempt_progress(store: WorkDir, epoch: int, attempt: str) -> EpochProgress | None:
