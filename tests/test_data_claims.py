@@ -11,7 +11,6 @@ import threading
 from collections import Counter
 from contextlib import contextmanager
 
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from launcher.data import ElasticSampler

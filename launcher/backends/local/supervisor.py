@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from launcher import node_names
 from launcher.backends.local.processes import ADD_SIGNAL, kill_groups, read_added, write_processes
@@ -18,7 +17,7 @@ from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync, remove_temporary
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import StoreError, WorkDir
-from launcher.runs.supervision import (CONSOLE_PREFIX, ProcessRef, console_log_path, record_on_behalf,
+from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf,
                                        replacement_wanted, write_exit_record)
 
 
@@ -31,16 +30,14 @@ def describe(returncode: int) -> tuple[int, str]:
 
 def save_leftovers(run: WorkDir, name: str, status: dict) -> None:
     """What only this machine can do for a node that died without a final status: stop its training
-    processes, save their unread logs and sync its outputs (the node shared this file system)."""
+    processes, remove their pipes and error files, and sync its outputs (the node shared this file system).
+    Their unread lines are in the node's console log, which the caller saves."""
     if status.get("training_pgid"):
         kill_groups([status["training_pgid"]])
     if status.get("state") in FINAL_STATES:
         return
     if status.get("training_logs"):
-        logs = Path(status["training_logs"])
-        for path in sorted(logs.glob("*/attempt_*/*/std*.log")):
-            run.upload(str(path), f"{CONSOLE_PREFIX}/{name}/{path.relative_to(logs).as_posix()}")
-        shutil.rmtree(logs, ignore_errors=True)
+        shutil.rmtree(status["training_logs"], ignore_errors=True)
     if status.get("outputs_dir"):
         OutputsSync(run, name, status["outputs_dir"]).sync()  # raises if the store fails: nothing is removed then
         if status.get("outputs_temporary"):  # launcher chose the directory; every file is in the work dir now
