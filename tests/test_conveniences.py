@@ -166,7 +166,11 @@ def test_clean_keeps_local_outputs_the_work_dir_never_got_unless_forced(tmp_path
     synced.write_text("weights")
     os.utime(synced, (manifest["model.txt"][1], manifest["model.txt"][1]))
     (leftovers / "final.pt").write_text("only here")
-    kept = run_cli("clean", run_id)  # model.txt, synced with this size and write time, is not counted
+    stale = leftovers.parents[1] / "other-node" / "outputs" / "model.txt"  # an older copy restored there once
+    stale.parent.mkdir(parents=True)
+    stale.write_text("old weights")
+    os.utime(stale, (manifest["model.txt"][1] - 100, manifest["model.txt"][1] - 100))
+    kept = run_cli("clean", run_id)  # model.txt as synced, and an older copy of it, are not counted
     assert kept.returncode == 3, kept.stdout
     assert f"kept {run_id}: 1 output file in {leftovers.parents[1]} never reached its work dir ({node}/final.pt)" \
         in kept.stdout

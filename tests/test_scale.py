@@ -51,6 +51,9 @@ while True:
     if rank == 0:
         torch.save(epoch, os.path.join(checkpoints, ".epoch.tmp"))
         os.replace(os.path.join(checkpoints, ".epoch.tmp"), path)
+# Leave together: a rank that exits while its peer's gloo threads still talk to it can abort the peer (SIGABRT).
+dist.barrier()
+dist.destroy_process_group()
 """
 QUICK_JOB = "print('done', flush=True)\n"
 

@@ -95,28 +95,27 @@ def temporary_outputs(info: RunInfo) -> Path:
 
 
 def unsynced_outputs(info: RunInfo) -> list[str]:
-    """The temporary output files (``node/path``) that no node's manifest in the work dir lists as synced with
-    this size and write time. Raises LauncherError when the work dir cannot be read."""
+    """The temporary output files (``node/path``) newer than every write of that path a node's manifest in the
+    work dir lists as synced. Raises LauncherError when the work dir cannot be read."""
     from launcher.node.outputs import MANIFEST, OUTPUTS_PREFIX
 
-    local: dict[str, tuple[int, float]] = {}
+    local: dict[str, float] = {}
     for node_dir in sorted(temporary_outputs(info).glob("*/outputs")):
         for path in sorted(node_dir.rglob("*")):
             rel = path.relative_to(node_dir)
             if path.is_file() and not any(part.startswith(".") for part in rel.parts):  # dot files are never synced
-                stat = path.stat()
-                local[f"{node_dir.parent.name}/{rel.as_posix()}"] = (stat.st_size, stat.st_mtime)
+                local[f"{node_dir.parent.name}/{rel.as_posix()}"] = path.stat().st_mtime
     if not local:
         return []
     run = open_run(info)
-    synced: dict[tuple[str, int], list[float]] = {}
+    written: dict[str, float] = {}  # path in a node's outputs -> the newest write any node synced of it
     for node in run.list(OUTPUTS_PREFIX):
         for rel, entry in run.get_record(f"{OUTPUTS_PREFIX}/{node}/{MANIFEST}").items():
             if isinstance(entry, list) and len(entry) == 2:
-                synced.setdefault((rel, int(entry[0])), []).append(float(entry[1]))
-    # A file counts wherever it was synced from: a restored copy keeps the write time of the node that wrote it.
-    return [name for name, (size, mtime) in local.items()
-            if not any(abs(mtime - written) < 1e-3 for written in synced.get((name.partition("/")[2], size), []))]
+                written[rel] = max(written.get(rel, 0.0), float(entry[1]))
+    # A file counts when the work dir holds that write or a newer one, from whichever node: a restored copy
+    # keeps the write time of the node that wrote it, and one overwritten there since is only an older copy.
+    return [name for name, mtime in local.items() if written.get(name.partition("/")[2], -1.0) < mtime - 1e-3]
 
 
 def _remove_containers(info: RunInfo) -> None:

@@ -72,7 +72,7 @@ class ElasticSampler(Sampler[int], Joinable):
                  rank: int | None = None, world_size: int | None = None):
         Joinable.__init__(self)
         for name, value, least in (("size", size, 0), ("shard_size", shard_size, 1), ("prefetch", prefetch, 1),
-                                   ("checkpoint_every", checkpoint_every or 1, 1)):
+                                   ("checkpoint_every", 1 if checkpoint_every is None else checkpoint_every, 1)):
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"ElasticSampler: {name} must be an integer >= {least}, not {value!r}")
         self.size, self.shard_size, self.shuffle, self.seed = size, shard_size, bool(shuffle), seed
