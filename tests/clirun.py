@@ -102,3 +102,12 @@ def group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+def interruptible() -> None:
+    """preexec_fn for a client a test interrupts as a terminal's Ctrl-C would: SIGINT at its default. A test
+    session started in the background (`cmd &` in a script) has SIGINT ignored, which children inherit and
+    Python then keeps ignoring."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

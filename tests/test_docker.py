@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clirun import Watcher, info_of, init_project, run_id_from, wait_until
+from clirun import Watcher, info_of, init_project, interruptible, run_id_from, wait_until
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -225,7 +225,7 @@ def test_ctrl_c_during_docker_submission_leaves_no_container(project, delay):
     run_id = f"docker-interrupted-{int(delay * 10)}"
     client = subprocess.Popen([sys.executable, "-m", "launcher", "run", "-f", str(spec), "--backend", "docker",
                                "--run-id", run_id, "--", "--epochs", "500"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=interruptible)
     time.sleep(delay)  # the interrupt is meant to land at an arbitrary point of submission
     client.send_signal(signal.SIGINT)
     output = client.communicate(timeout=120)[0]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import Watcher, alive, info_of, run_id_from
+from clirun import Watcher, alive, info_of, interruptible, run_id_from
 from cluster import write_spec
 from conftest import run_cli
 from launcher.runs.supervision import ProcessRef
@@ -63,7 +63,8 @@ def test_ctrl_c_during_submission_leaves_no_orphans(tmp_path, launcher_home, del
     spec = write_spec(tmp_path, SLOW, nodes=2)
     run_id = f"interrupted-{int(delay * 10)}"
     client = subprocess.Popen([sys.executable, "-m", "launcher", "run", "-f", str(spec), "--run-id", run_id],
-                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=interruptible)
     time.sleep(delay)  # the interrupt is meant to land at an arbitrary point of submission
     client.send_signal(signal.SIGINT)
     output = client.communicate(timeout=60)[0]
