@@ -20,19 +20,21 @@ NODES = ["m", "w-0", "w-1"]
 FAST = Timing(settle=0.3, first_settle=0.5, end_check=0.05)
 
 
-def rounds_of(store: WorkDir, policy: Policy) -> Rounds:
-    return Rounds(store, NODES, policy, FAST)
+def rounds_of(store: WorkDir, policy: Policy, grows: str | None = None) -> Rounds:
+    return Rounds(store, NODES, policy, FAST, grows=grows)
 
 
-def join_all(store: WorkDir, policy: Policy, names: list[str], number: int, delays: dict[str, float] | None = None):
-    """Every node in ``names`` joins round ``number`` at once (after its delay); their rounds, by node."""
+def join_all(store: WorkDir, policy: Policy, names: list[str], number: int, delays: dict[str, float] | None = None,
+             grows: str | None = None):
+    """Every node in ``names`` joins round ``number`` at once (after its delay); their rounds, by node.
+    ``grows``: the group `launcher scale` adds nodes to (tests/test_scale.py)."""
     results: dict[str, object] = {}
 
     def join(name: str) -> None:
         time.sleep((delays or {}).get(name, 0.0))
         me = Registration(name, "127.0.0.1", 1000 + NODES.index(name))
-        results[name] = rounds_of(store, policy).join(number, me, timeout=20,
-                                                      poll=PollPolicy(initial=0.01, cap=0.02))
+        results[name] = rounds_of(store, policy, grows).join(number, me, timeout=20,
+                                                             poll=PollPolicy(initial=0.01, cap=0.02))
 
     threads = [threading.Thread(target=join, args=(name,)) for name in names]
     for thread in threads:

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,13 +21,14 @@ from launcher.backends.oci import OciBackend
 from launcher.backends.local.processes import read_added, request_nodes, supervisor_problem, write_processes
 from launcher.commands.scale import plan_change
 from launcher.errors import BackendError
-from launcher.node.rendezvous import PollPolicy, Registration
-from launcher.node.rounds import Rounds, Timing, latest_round
+from launcher.node.rendezvous import Registration
+from launcher.node.rounds import latest_round
 from launcher.node.settings import SettingsError, from_env
 from launcher.node.store import WorkDir
 from launcher.runs.recovery import LEAVE, Policy, RoundEnd
 from launcher.runs.state import RunInfo
 from launcher.runs.supervision import ProcessRef
+from test_rounds import FAST, NODES, join_all, rounds_of
 
 ELASTIC = {"elastic": {"minNodes": 2, "maxNodes": 3}}
 # Trains until the test creates DONE (every rank agrees on it through an all-reduce), checkpointing each epoch.
@@ -56,6 +56,7 @@ dist.barrier()
 dist.destroy_process_group()
 """
 QUICK_JOB = "print('done', flush=True)\n"
+POLICY = Policy(0, min_nodes=2)
 
 
 def members(tmp_path: Path, run_id: str) -> list[str]:
@@ -187,43 +188,23 @@ def test_shrinking_asks_the_highest_numbered_workers_first_and_the_main_last():
     assert grown.before == ["j-main", "j-worker-0", "j-worker-3"] and grown.add == ["j-worker-4"]
 
 
-FAST = Timing(settle=0.3, first_settle=0.5, end_check=0.05)
-NODES = ["m", "w-0", "w-1"]
-
-
-def join(store: WorkDir, names: list[str], number: int) -> dict[str, object]:
-    results: dict[str, object] = {}
-
-    def one(name: str) -> None:
-        me = Registration(name, "127.0.0.1", 1000 + NODES.index(name))
-        results[name] = Rounds(store, NODES, Policy(0, min_nodes=2), FAST, grows="w").join(
-            number, me, timeout=20, poll=PollPolicy(initial=0.01, cap=0.02))
-
-    threads = [threading.Thread(target=one, args=(name,)) for name in names]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return results
-
-
 def test_a_member_that_leaves_ends_its_round_is_not_waited_for_and_costs_no_restart(tmp_path):
     store = WorkDir(str(tmp_path / "run"))
-    join(store, NODES, 0)
-    rounds = Rounds(store, NODES, Policy(0, min_nodes=2), FAST)
+    join_all(store, POLICY, NODES, 0, grows="w")
+    rounds = rounds_of(store, POLICY)
     assert not rounds.ended(0, NODES)
     rounds.end(0, RoundEnd("w-1", LEAVE, "the run was scaled to 2 nodes", None, time.time()))
     assert rounds.ended(0, NODES) and not rounds.ended(0, ["m", "w-0"])  # a non-member's leave ends nothing
     begun = time.monotonic()
-    joined = join(store, ["m", "w-0"], 1)
+    joined = join_all(store, POLICY, ["m", "w-0"], 1, grows="w")
     assert time.monotonic() - begun < FAST.settle  # w-1 is not expected: no settling
     assert joined["m"].members == ["m", "w-0"] and joined["m"].restarts == 0  # a leave costs nothing
 
 
 def test_a_node_that_left_while_waiting_is_not_taken_in(tmp_path):
     store = WorkDir(str(tmp_path / "run"))
-    join(store, NODES, 0)
+    join_all(store, POLICY, NODES, 0, grows="w")
     store.create(f"rounds/00001/nodes/{Registration('w-1', '127.0.0.1', 1002).key.rsplit('/', 1)[1]}", b"{}")
-    Rounds(store, NODES, Policy(0, min_nodes=2), FAST).end(1, RoundEnd("w-1", LEAVE, "scaled", None, time.time()))
-    joined = join(store, ["m", "w-0"], 1)
+    rounds_of(store, POLICY).end(1, RoundEnd("w-1", LEAVE, "scaled", None, time.time()))
+    joined = join_all(store, POLICY, ["m", "w-0"], 1, grows="w")
     assert joined["m"].members == ["m", "w-0"]
