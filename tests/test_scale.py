@@ -18,13 +18,14 @@ from cluster import write_spec
 from conftest import run_cli
 from launcher import node_names
 from launcher.backends.oci import OciBackend
-from launcher.backends.local.processes import read_added, request_nodes, supervisor_problem, write_processes
+from launcher.backends.local.processes import request_nodes, supervisor_problem, write_processes
 from launcher.commands.scale import plan_change
 from launcher.errors import BackendError
 from launcher.node.rendezvous import Registration
 from launcher.node.rounds import latest_round
 from launcher.node.settings import SettingsError, from_env
 from launcher.node.store import WorkDir
+from launcher.runs.additions import read_added
 from launcher.runs.recovery import LEAVE, Policy, RoundEnd
 from launcher.runs.state import RunInfo
 from launcher.runs.supervision import ProcessRef

@@ -109,16 +109,7 @@ class Backend(ABC):
         plan, notes = self.plan(spec, run_id=run_id, resume_from=resume_from)
         return DryRun(self.name, plan, tuple(self.requests(plan)), tuple(notes))
 
-    replaces_lost_nodes = False  # whether a lost node is started again (static recovering runs need it)
     runs_images = True  # whether the nodes run in the image (the local backend runs the code directory)
-
-    def replacement_problem(self, spec: Spec) -> str | None:
-        """A static run with recovery waits for replacements: refuse it where this backend makes none."""
-        if spec.cluster.recovery and not spec.cluster.elastic and not self.replaces_lost_nodes:
-            return (f"recovery without elastic needs lost nodes to be replaced, which the {self.name} backend does "
-                    "not do yet: add elastic: {minNodes, maxNodes} (the run goes on without them), or use the "
-                    "local backend")
-        return None
 
     def check(self, dryrun: DryRun) -> list[str]:
         """Refuse, before anything starts, a request this backend cannot carry out (raise BadInput); return

@@ -34,7 +34,6 @@ class DockerBackend(Backend):
     name = "docker"
     node_command = ("python", "-m", "launcher.node")
     keep = False  # keep the containers after the run (``run --keep``)
-    replaces_lost_nodes = True  # its supervisor starts a new container for a lost node (see .supervisor)
 
     def work_dir(self, spec: Spec) -> tuple[str, list[str]]:
         url = spec.cluster.work_dir or DEFAULT_WORK_DIR
@@ -75,7 +74,7 @@ class DockerBackend(Backend):
         from launcher.dockerengine import connect
         from launcher.image.identity import stale_note
 
-        problem = self.replacement_problem(dryrun.plan.spec) or unreachable_s3_endpoint(dryrun.plan, os.environ)
+        problem = unreachable_s3_endpoint(dryrun.plan, os.environ)
         if problem:
             raise BadInput(problem)
         client = connect()
@@ -167,23 +166,13 @@ class DockerBackend(Backend):
     def scale(self, info: RunInfo, add: Sequence[str], timeout: float = 60.0) -> list[str]:
         """Ask the run's supervisor (it holds the nodes' env, secrets included) to start containers for ``add``;
         return once ``supervisor.json`` records them all."""
-        from launcher.backends.local.processes import ADD_SIGNAL, ADDED_FILE, read_added
-        from launcher.fileio import atomic_write
+        from launcher.runs.additions import request_nodes
 
         supervisor = _supervisor(info)
         problem = self.scale_problem(info)
         if supervisor is None or problem:
             raise BackendError(f"cannot add nodes: {problem}")
-        earlier = read_added(info.state_dir)
-        atomic_write(Path(info.state_dir) / ADDED_FILE, json.dumps(earlier + [n for n in add if n not in earlier]))
-        os.kill(supervisor.pid, ADD_SIGNAL)
-        deadline = time.monotonic() + timeout
-        while not set(add) <= set(_recorded_containers(info)):  # the supervisor writes no other notice
-            if time.monotonic() >= deadline or not supervisor.running():
-                raise BackendError(f"the supervisor did not start {', '.join(add)} within {timeout:g}s; see "
-                                   f"{Path(info.state_dir) / 'supervisor.log'}")
-            time.sleep(0.05)
-        return list(add)
+        return request_nodes(info.state_dir, supervisor, add, lambda: _recorded_containers(info), timeout)
 
     def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
         """The run has ended: wait for its supervisor's clean-up, then remove what is left (kept

@@ -7,13 +7,12 @@ The same values are printed by ``--dry-run``, sent by ``run`` and turned into se
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlparse
 
-from launcher import node_names
 from launcher.plan import Plan
+from launcher.runs.additions import added_node_env
 from launcher.spec.model import DockerInfra, Spec
 from launcher.workdirs import resolve_local, scheme
 
@@ -150,10 +149,7 @@ def replacement_spec(original: Mapping[str, Any], incarnation: int) -> dict[str,
 def added_node_spec(template: Mapping[str, Any], run_id: str, name: str) -> dict[str, Any]:
     """The ``containers.create`` arguments of a node ``launcher scale`` adds: those of the run's last node
     (``template``: same image, mounts, devices, network), under the new node's name, told groups that hold it."""
-    env = template["environment"]
-    groups = node_names.including(json.loads(env["LAUNCHER_NODE_GROUPS"]), name)
-    spec = {**template, "name": f"{run_id}-{name}",
-            "environment": {**env, "LAUNCHER_NODE_NAME": name, "LAUNCHER_NODE_GROUPS": json.dumps(groups)},
+    spec = {**template, "name": f"{run_id}-{name}", "environment": added_node_env(template["environment"], name),
             "labels": {**template["labels"], NODE_LABEL: name}}
     if "hostname" in template:
         spec["hostname"] = hostname(name)

@@ -8,8 +8,8 @@ node that ends it saves the container's output to ``nodes/{node}.log``, records 
 in the work dir when the node could not (``docker kill``, OOM), and writes the exit record. A lost
 member of a recovering run is replaced instead, while the policy allows: a new container for the
 same node (:func:`~launcher.backends.docker.containers.replacement_spec`), followed as its first
-was. ``launcher scale`` adds nodes as it does on the local backend (their names in ``added.json``
-of the state directory, then SIGUSR1): each gets a container like the run's last node's. The
+was. ``launcher scale`` adds nodes as :mod:`launcher.runs.additions` says: each gets a container like
+the run's last node's. The
 engine's events are read by a thread and the signal handler only queues a wake-up, so both are
 handled in order by one loop. ``supervisor.json`` records each node's current container. When
 every node has ended it removes the containers (replaced ones too) and the network, unless asked
@@ -32,11 +32,11 @@ from typing import Any, Callable
 from launcher.backends.docker import SUPERVISOR_FILE
 from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL, added_node_spec, replacement_spec
 from launcher.backends.docker.launch import describe_exit, remove_run, start_container
-from launcher.backends.local.processes import ADD_SIGNAL, read_added
 from launcher.dockerengine import api_error_text, connect
 from launcher.fileio import atomic_write
 from launcher.node.status import status_key
 from launcher.node.store import StoreError, WorkDir
+from launcher.runs.additions import ADD_SIGNAL, read_added
 from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf, replacement_wanted,
                                        write_exit_record)
 

@@ -45,7 +45,6 @@ def _available_mib() -> int | None:
 
 
 class LocalBackend(Backend):
-    replaces_lost_nodes = True
     runs_images = False
     name = "local"
     node_command = (sys.executable, "-m", "launcher.node")

@@ -7,10 +7,9 @@ and then waits for them: it writes each node's end to ``nodes/{node}.exit.json``
 node died without reporting (SIGKILL, OOM), records that node's failure in the work dir for
 it. It runs in its own session, so closing the terminal does not stop the run.
 
-``launcher scale`` adds nodes by writing their names into ``added.json`` of the state directory
-and sending the supervisor SIGUSR1 (:func:`request_nodes`); the supervisor waits on its nodes'
-pidfds and on that signal in one ``select``, starts them with the env of the run's last node,
-and records them in ``processes.json``.
+``launcher scale`` adds nodes as :mod:`launcher.runs.additions` says (:func:`request_nodes`); the
+supervisor waits on its nodes' pidfds and on the signal in one ``select``, starts them with the env
+of the run's last node, and records them in ``processes.json``.
 
 What every supervisor shares (process identity, exit records) is in :mod:`launcher.runs.supervision`.
 """
@@ -20,18 +19,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from launcher.errors import BackendError
 from launcher.fileio import atomic_write
+from launcher.runs import additions
 from launcher.runs.supervision import ProcessRef, start_supervisor
 
 PROCESSES_FILE = "processes.json"
-ADDED_FILE = "added.json"  # the names of the nodes `launcher scale` asked for, in order
-ADD_SIGNAL = signal.SIGUSR1  # tells the supervisor to read ADDED_FILE
 
 
 def write_processes(state_dir: str, supervisor: ProcessRef, nodes: dict[str, ProcessRef]) -> dict[str, Any]:
@@ -48,14 +45,6 @@ def read_processes(state_dir: str | os.PathLike) -> tuple[ProcessRef | None, dic
         return None, {}
 
 
-def read_added(state_dir: str | os.PathLike) -> list[str]:
-    try:
-        names = json.loads((Path(state_dir) / ADDED_FILE).read_text())
-    except (OSError, ValueError):
-        return []
-    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
-
-
 def supervisor_problem(state_dir: str | os.PathLike) -> str | None:
     """Why the run's supervisor cannot start more nodes (None: it runs)."""
     supervisor, _ = read_processes(state_dir)
@@ -70,18 +59,9 @@ def request_nodes(state_dir: str | os.PathLike, names: Sequence[str], timeout: f
     problem = supervisor_problem(state_dir)
     if problem:
         raise BackendError(f"cannot add nodes: {problem}")
-    earlier = read_added(state_dir)
-    atomic_write(Path(state_dir) / ADDED_FILE, json.dumps(earlier + [n for n in names if n not in earlier]))
     supervisor, _ = read_processes(state_dir)
     assert supervisor is not None
-    os.kill(supervisor.pid, ADD_SIGNAL)
-    deadline = time.monotonic() + timeout
-    while not set(names) <= set(read_processes(state_dir)[1]):  # the supervisor writes no other notice
-        if time.monotonic() >= deadline or not supervisor.running():
-            raise BackendError(f"the supervisor did not start {', '.join(names)} within {timeout:g}s; see "
-                               f"{Path(state_dir) / 'supervisor.log'}")
-        time.sleep(0.05)
-    return list(names)
+    return additions.request_nodes(state_dir, supervisor, names, lambda: read_processes(state_dir)[1], timeout)
 
 
 def start(dryrun: Any, state_dir: str) -> dict[str, Any]:

@@ -11,12 +11,12 @@ import subprocess
 import sys
 import time
 
-from launcher import node_names
-from launcher.backends.local.processes import ADD_SIGNAL, kill_groups, read_added, write_processes
+from launcher.backends.local.processes import kill_groups, write_processes
 from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync, remove_temporary
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import StoreError, WorkDir
+from launcher.runs.additions import ADD_SIGNAL, added_node_env, read_added
 from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf,
                                        replacement_wanted, write_exit_record)
 
@@ -95,10 +95,7 @@ class Supervisor:
         """Start the nodes `launcher scale` asked for that were not started yet."""
         new = [name for name in read_added(self.state_dir) if name not in self.by_name]
         for name in new:
-            env = self.template["env"]
-            groups = node_names.including(json.loads(env["LAUNCHER_NODE_GROUPS"]), name)
-            request = {**self.template, "name": name,
-                       "env": {**env, "LAUNCHER_NODE_NAME": name, "LAUNCHER_NODE_GROUPS": json.dumps(groups)}}
+            request = {**self.template, "name": name, "env": added_node_env(self.template["env"], name)}
             self.by_name[name] = request
             pid = self.spawn(request)
             _say(f"node {name} added (pid {pid})")

@@ -1,0 +1,58 @@
+"""How ``launcher scale`` asks a run's supervisor (local processes, docker containers) for more nodes.
+
+Only the supervisor holds the nodes' env (secrets included, never on disk), so only it can start one
+more node like them. The client appends the new names to ``added.json`` in the run's state directory
+and sends the supervisor :data:`ADD_SIGNAL`; the supervisor starts every name there it has not
+started yet and records it where its backend's verbs (status, cancel, clean) find it, which is what
+the client waits for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+
+from launcher import node_names
+from launcher.errors import BackendError
+from launcher.fileio import atomic_write
+
+if TYPE_CHECKING:
+    from launcher.runs.supervision import ProcessRef
+
+ADDED_FILE = "added.json"  # the names of the nodes `launcher scale` asked for, in order
+ADD_SIGNAL = signal.SIGUSR1  # tells the supervisor to read ADDED_FILE
+
+
+def read_added(state_dir: str | os.PathLike) -> list[str]:
+    try:
+        names = json.loads((Path(state_dir) / ADDED_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+
+def added_node_env(env: Mapping[str, str], name: str) -> dict[str, str]:
+    """The env of node ``name`` that `launcher scale` adds, from that of the node it is modelled on: its own name,
+    and the groups grown to hold it (:func:`launcher.node_names.including`)."""
+    groups = node_names.including(json.loads(env["LAUNCHER_NODE_GROUPS"]), name)
+    return {**env, "LAUNCHER_NODE_NAME": name, "LAUNCHER_NODE_GROUPS": json.dumps(groups)}
+
+
+def request_nodes(state_dir: str | os.PathLike, supervisor: ProcessRef, names: Sequence[str],
+                  recorded: Callable[[], Iterable[str]], timeout: float) -> list[str]:
+    """Ask ``supervisor`` to start ``names``; return once ``recorded()`` (the nodes its record names) holds
+    them all. The supervisor writes no other notice, so its record is polled."""
+    earlier = read_added(state_dir)
+    atomic_write(Path(state_dir) / ADDED_FILE, json.dumps(earlier + [n for n in names if n not in earlier]))
+    os.kill(supervisor.pid, ADD_SIGNAL)
+    deadline = time.monotonic() + timeout
+    while not set(names) <= set(recorded()):
+        if time.monotonic() >= deadline or not supervisor.running():
+            raise BackendError(f"the supervisor did not start {', '.join(names)} within {timeout:g}s; see "
+                               f"{Path(state_dir) / 'supervisor.log'}")
+        time.sleep(0.05)
+    return list(names)
