@@ -12,9 +12,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from launcher.node.rendezvous import PollPolicy, Registration
-from launcher.node.rounds import Rounds, Timing, latest_round
+from launcher.node.rounds import Rounds, Timing, grouped_history, latest_round
 from launcher.node.store import WorkDir
 from launcher.runs.recovery import FAILURE, JOIN, LOST, PEER, Policy, RoundEnd
+from launcher.runs.state import RunInfo
+from launcher.runs.view import RunView, closing_line
 
 NODES = ["m", "w-0", "w-1"]
 FAST = Timing(settle=0.3, first_settle=0.5, end_check=0.05)
@@ -120,9 +122,32 @@ def test_the_run_stops_when_its_restarts_are_used_up(store):
         joined = join_all(store, policy, ["m", "w-0"], number + 1)
     final = joined["m"]
     assert final.give_up == "gave up after 1 of 1 restarts: node w-0: rank 1: ValueError (round 1)"
+    assert final.cause.node == "w-0" and final.cause.reason == "rank 1: ValueError (round 1)"  # not m, who says so
     assert final.history == ("round 0: node w-0: rank 1: ValueError (round 0)",
                              "round 1: node w-0: rank 1: ValueError (round 1)")
     assert latest_round(store) == final
+
+
+def test_a_stopped_runs_summary_names_the_cause_and_says_each_cause_once(store, tmp_path):
+    """Every rank raises the same error in every round: the summary's headline names the node whose end stopped the
+    run, not the one that obeyed; each round is listed once, and a cause seen by several nodes once."""
+    policy = Policy(1, retry_on=("failure",), min_nodes=2)
+    join_all(store, policy, ["m", "w-0"], 0)
+    for number in (0, 1):
+        for rank, node in enumerate(["w-0", "m"]):
+            rounds_of(store, policy).end(number, RoundEnd(node, FAILURE, f"rank {rank}: ValueError: bad\n    at "
+                                                          "job.py:3", 1, time.time()))
+        joined = join_all(store, policy, ["m", "w-0"], number + 1)
+    final = joined["m"]
+    assert final.history[0] == "round 0: node w-0: rank 0: ValueError: bad\n    at job.py:3\n    on node m too"
+    marker = {"node": "m", "rank": 0, "exit_code": 1, "reason": final.give_up, "at": 1.0, **final.failure_details()}
+    info = RunInfo("r", "local", str(tmp_path), ["m", "w-0"], "", "", 0.0)
+    statuses = {name: {"state": "failed", "reason": final.give_up} for name in ["m", "w-0"]}
+    summary = closing_line(RunView(info, statuses, None, [marker], None, {}))
+    assert summary == ("run r failed: node w-0 exited with status 1\n"
+                       "  cause: gave up after 1 of 1 restarts: node w-0: rank 0: ValueError: bad\n    at job.py:3\n"
+                       "  rounds 0 and 1: the same cause\n    on node m too")
+    assert grouped_history(final.history) == [f"rounds 0 and 1: {final.history[0].split(': ', 1)[1]}"]
 
 
 @settings(max_examples=15, deadline=None)

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
 from launcher.gpus import describe
+from launcher.node.rounds import grouped_history
 from launcher.runs.state import RunInfo, all_runs, resolve_run
 from launcher.runs.view import closing_line, open_run, read_view, record_lost
 from launcher.wording import plural
@@ -88,8 +89,9 @@ def status(ref: str | None, *, as_json: bool) -> int:
         origin = "" if info.recorded else "; not recorded here: its work dir's view"
         print(f"run {info.run_id} ({info.backend}{origin}): {view.result}")
         if rounds:
+            history = "".join(f"\n  {line}" for line in grouped_history(rounds["history"]))
             print(f"round {rounds['round']}: members {', '.join(rounds['members']) or '-'}; "
-                  f"{rounds['restarts']} restarts" + "".join(f"\n  {line}" for line in rounds["history"]))
+                  f"{rounds['restarts']} restarts{history}")
         if data:
             print(f"data: epoch {data['epoch']}: {data['done']} of {data['shards']} shards done, "
                   f"{data['in_flight']} in flight, {data['left']} left (launcher data {info.run_id})")

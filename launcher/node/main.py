@@ -193,7 +193,7 @@ class Node:
             number = current.number
             if current.give_up:
                 return self._finish("failed", current.give_up, EXIT_PEER_FAILED, mark_failed=True,
-                                    details={"rounds": list(current.history)})
+                                    details=current.failure_details())
             self._start_round(current.decision, number, current.restarts)
             if current.history:
                 self.say(f"round {number} after {current.history[-1]}: {self._members_text(current, rounds.policy)}")

@@ -21,6 +21,7 @@ round changes nothing. See docs/protocol.md ("Recovery: membership rounds", "Sca
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Collection, Sequence
@@ -31,7 +32,7 @@ from launcher import node_names
 from launcher.node.control import LEFT, ControlWatch
 from launcher.node.status import status_key
 from launcher.node.store import WorkDir
-from launcher.runs.recovery import FAILURE, JOIN, LEAVE, LOST, Policy, RoundEnd
+from launcher.runs.recovery import FAILURE, JOIN, LEAVE, LOST, Policy, RoundEnd, said
 
 ROUNDS_PREFIX = "rounds"
 
@@ -60,22 +61,30 @@ class Round:
     restarts: int = 0
     give_up: str | None = None
     history: tuple[str, ...] = ()  # why each earlier round ended, in order
+    cause: RoundEnd | None = None  # with give_up: the end that made the run stop (not the node that says so)
 
     @property
     def members(self) -> list[str]:
         return list(self.decision.ranks) if self.decision else []
 
+    def failure_details(self) -> dict:
+        """What a node stopping on this round's give_up records with its failure: why every round ended, and the
+        end that stopped the run, which the run's summary names as its cause."""
+        return {"rounds": list(self.history), "stopped_by": asdict(self.cause) if self.cause else None}
+
     def to_bytes(self) -> bytes:
         body = {"number": self.number, "decision": asdict(self.decision) if self.decision else None,
-                "restarts": self.restarts, "give_up": self.give_up, "history": list(self.history)}
+                "restarts": self.restarts, "give_up": self.give_up, "history": list(self.history),
+                "cause": asdict(self.cause) if self.cause else None}
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Round":
         body = json.loads(data)
         decision = Decision(**body["decision"]) if body.get("decision") else None
+        cause = RoundEnd.from_record(body["cause"]) if body.get("cause") else None
         return cls(body["number"], decision, body.get("restarts", 0), body.get("give_up"),
-                   tuple(body.get("history") or ()))
+                   tuple(body.get("history") or ()), cause)
 
 
 def latest_round(store: WorkDir) -> Round | None:
@@ -219,24 +228,55 @@ class Rounds:
         return registered
 
     def _publish(self, number: int, registered: dict[str, Listed], previous: Round | None) -> Round:
-        restarts, history, give_up = 0, (), None
+        restarts, history, give_up, cause = 0, (), None, None
         if previous is not None:
             ends = self.ends(number - 1)
-            restarts, give_up = self.policy.next_round(ends, previous.restarts)
+            restarts, give_up, cause = self.policy.next_round(ends, previous.restarts)
             history = previous.history + (_summary(number - 1, ends),)
         try:
             decision = None if give_up else decide_static(registered, node_names.rank_order(self.order, self.grows,
                                                                                              registered))
         except RendezvousError as exc:
             decision, give_up = None, str(exc)
-        decided = Round(number, decision, restarts, give_up, history)
+        decided = Round(number, decision, restarts, give_up, history, cause)
         if self.store.create(decision_key(number), decided.to_bytes()):
             return decided
         return Round.from_bytes(self.store.get(decision_key(number)) or decided.to_bytes())
 
 
 def _summary(number: int, ends: list[RoundEnd]) -> str:
+    """``round 0: node w-1: ...``: why round ``number`` ended, each cause once: the first, then up to two other
+    ones; nodes that ended the same way (one error every rank raised) are named, not repeated."""
     causes = sorted((end for end in ends if end.kind in (LOST, FAILURE)), key=lambda end: end.at)
     shown = causes or sorted(ends, key=lambda end: end.at)
-    what = "; ".join(f"node {end.node}: {end.reason}" for end in shown[:3]) or "no reason recorded"
-    return f"round {number}: {what}"
+    if not shown:
+        return f"round {number}: no reason recorded"
+    first, same, others = shown[0], [], []
+    for end in shown[1:]:
+        (same if _what(end) == _what(first) else others).append(end)
+    return (f"round {number}: {said(first)}" + "".join(f"\n    on node {end.node} too" for end in same)
+            + "".join(f"\n    and {said(end)}" for end in others[:2]))
+
+
+def _what(end: RoundEnd) -> tuple[str, str]:
+    """An end without the rank that saw it: every rank raising one error is one cause."""
+    return end.kind, re.sub(r"^rank \d+:? ", "", end.reason)
+
+
+def grouped_history(history: Sequence[str], cause: str | None = None) -> list[str]:
+    """``history`` with rounds in a row that ended the same way shown once (``rounds 0, 1 and 2: ...``); those
+    that ended with ``cause`` (the run's, shown apart) say so instead of repeating it."""
+    groups: list[tuple[list[str], str]] = []
+    for entry in history:
+        label, _, text = entry.partition(": ")
+        if groups and groups[-1][1] == text:
+            groups[-1][0].append(label.removeprefix("round "))
+        else:
+            groups.append(([label.removeprefix("round ")], text))
+    lines = []
+    for numbers, text in groups:
+        label = f"round {numbers[0]}" if len(numbers) == 1 else f"rounds {', '.join(numbers[:-1])} and {numbers[-1]}"
+        if cause and text.startswith(cause):
+            text = "the same cause" + text[len(cause):]
+        lines.append(f"{label}: {text}")
+    return lines

@@ -48,17 +48,19 @@ class Policy:
             return LOST in self.retry_on
         return FAILURE in self.retry_on or end.exit_code in self.retry_on
 
-    def next_round(self, ends: Iterable[RoundEnd], restarts: int) -> tuple[int, str | None]:
-        """(restarts after this round change, why the run must stop instead, or None)."""
+    def next_round(self, ends: Iterable[RoundEnd], restarts: int) -> tuple[int, str | None, RoundEnd | None]:
+        """(restarts after this round change, why the run must stop instead or None, and the end that made it stop:
+        the cause, which need not be the node that says so)."""
         causes = sorted((end for end in ends if end.kind in (LOST, FAILURE)), key=lambda end: end.at)
         refused = next((end for end in causes if not self.retried(end)), None)
         if refused is not None:
-            return restarts, f"not retried ({_kind_words(refused)} is not in recovery.retryOn): {_said(refused)}"
+            return (restarts, f"not retried ({_kind_words(refused)} is not in recovery.retryOn): {said(refused)}",
+                    refused)
         if not causes:
-            return restarts, None  # a join or a leave: no restart is used up
+            return restarts, None, None  # a join or a leave: no restart is used up
         if restarts >= self.max_restarts:
-            return restarts, f"gave up after {restarts} of {self.max_restarts} restarts: {_said(causes[0])}"
-        return restarts + 1, None
+            return restarts, f"gave up after {restarts} of {self.max_restarts} restarts: {said(causes[0])}", causes[0]
+        return restarts + 1, None, None
 
     def replaces(self, restarts_so_far: int) -> bool:
         """Whether a backend starts a lost node again (as the same node, a new incarnation)."""
@@ -69,5 +71,6 @@ def _kind_words(end: RoundEnd) -> str:
     return "a lost node" if end.kind == LOST else f"exit status {end.exit_code}"
 
 
-def _said(end: RoundEnd) -> str:
+def said(end: RoundEnd) -> str:
+    """``node w-1: node process killed by SIGKILL``: an end as summaries show it."""
     return f"node {end.node}: {end.reason}"

@@ -169,10 +169,8 @@ def closing_line(view: RunView) -> str:
         if root is None:
             limit = f": {view.limit['reason']}; every node was stopped" if view.limit else ""
             return f"run {run_id} failed{limit}"
-        status = "" if root.get("exit_code") is None else f" with status {root.get('exit_code')}"
-        line = f"run {run_id} failed: {node_label(root.get('node'))} exited{status}\n" \
-               f"  cause: {root.get('reason')}"
-        line += "".join(f"\n  {earlier}" for earlier in root.get("rounds") or [])  # a recovering run's rounds
+        line = f"run {run_id} failed: {_exited(root.get('stopped_by') or root)}\n  cause: {root.get('reason')}"
+        line += "".join(f"\n  {earlier}" for earlier in _rounds(root))
         tail = "".join(f"\n  | {text}" for text in root.get("last_output") or [])
         if root.get("console_log"):
             line += f"\n  it did not report its end; its console log is {root['console_log']}{tail}"
@@ -189,3 +187,19 @@ def closing_line(view: RunView) -> str:
     if result == "cancelled" and view.cancel:
         return f"run {run_id} cancelled: {view.cancel.get('reason', 'by user')}"
     return f"run {run_id} {result}"
+
+
+def _exited(failure: dict[str, Any]) -> str:
+    """``node w-1 exited with status 137``: the node that failed first, or in a recovering run that stopped, the
+    node whose end stopped it (not the node that said so)."""
+    status = "" if failure.get("exit_code") is None else f" with status {failure['exit_code']}"
+    return f"{node_label(failure.get('node'))} exited{status}"
+
+
+def _rounds(root: dict[str, Any]) -> list[str]:
+    """A recovering run's rounds, each way they ended once; the cause, shown above, is not repeated."""
+    from launcher.node.rounds import grouped_history
+    from launcher.runs.recovery import RoundEnd, said
+
+    cause = said(RoundEnd.from_record(root["stopped_by"])) if root.get("stopped_by") else None
+    return grouped_history(root.get("rounds") or [], cause)
