@@ -1,15 +1,20 @@
 """A training job whose model records which indices it trained: parameter w[i] counts the times index i was
 trained in the current epoch (each step's gradient is 1 at the batch's indices; SGD with lr = world size
 undoes DDP's averaging). w is checkpointed with the model, so it rolls back with it; at each epoch's end the
-counts go to the outputs, and a test checks that every index was trained exactly once per epoch."""
+counts go to the outputs, and a test checks that every index was trained exactly once per epoch.
+
+Rank 0 says at each epoch's start how many of its indices the model has trained already (after a restore: the
+checkpoint's mid-epoch progress) and at each checkpoint how many it holds. With DATA_HOLD=EPOCH:STEP it stops
+after that step of round 0, past its last checkpoint, until its node stops it: a test scales the run or kills a
+node there, in the middle of an epoch whatever the machine's speed."""
 
 import json
 import os
+import signal
 import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
 from launcher.data import ElasticLoader, ElasticSampler
@@ -17,6 +22,7 @@ from launcher.data import ElasticLoader, ElasticSampler
 N, SHARD, BATCH = int(os.environ.get("DATA_N", "480")), 16, 4
 EPOCHS, EVERY = int(os.environ.get("DATA_EPOCHS", "5")), 5
 WORKERS, STEP_SECONDS = int(os.environ.get("DATA_WORKERS", "0")), 0.03
+HOLD = os.environ.get("DATA_HOLD")
 
 
 class Indices(torch.utils.data.Dataset):
@@ -53,7 +59,7 @@ if newest >= 0:
     state = box[0]
 
 model = Recorder()
-sampler = ElasticSampler(N, shard_size=SHARD, shuffle=True, seed=0, checkpoint_every=EVERY)
+sampler = ElasticSampler(N, shard_size=SHARD, shuffle=True, seed=0)
 if state:
     model.load_state_dict(state["model"])
     sampler.load_state_dict(state["sampler"])
@@ -62,6 +68,11 @@ ddp = DistributedDataParallel(model)
 optimizer = torch.optim.SGD(ddp.parameters(), lr=float(world))
 loader = ElasticLoader(Indices(), batch_size=BATCH, sampler=sampler, num_workers=WORKERS)
 count = newest + 1
+
+
+def trained() -> int:
+    """How many indices of the current epoch the model has trained (the sum of the counts)."""
+    return int(-model.w.detach().sum().round())
 
 
 def save() -> None:
@@ -77,16 +88,21 @@ for epoch in sampler.epochs(end=EPOCHS):
     if not (state and state["sampler"]["epoch"] == epoch):
         with torch.no_grad():
             model.w.zero_()
-    with Join([ddp, sampler]):
-        for step, batch in enumerate(loader, 1):
-            ddp(batch).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            time.sleep(STEP_SECONDS)
-            if sampler.checkpoint_due():
-                save()
-                print(f"rank {rank}: epoch {epoch} step {step} world {world} round {round_number}",
-                      flush=True)
+    if rank == 0:
+        print(f"rank 0: epoch {epoch} begins with {trained()} of {N} trained, world {world} round {round_number}",
+              flush=True)
+    for step, batch in enumerate(loader, 1):
+        ddp(batch).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        time.sleep(STEP_SECONDS)
+        if step % EVERY == 0:  # every rank takes the same steps: a collective is safe
+            save()
+            print(f"rank {rank}: epoch {epoch} step {step} world {world} round {round_number} "
+                  f"trained {trained()}", flush=True)
+        if rank == 0 and round_number == "0" and HOLD == f"{epoch}:{step}":
+            print(f"rank 0: holding at epoch {epoch} step {step}, trained {trained()}", flush=True)
+            signal.pause()  # the other ranks wait in their next step's allreduce
     if rank == 0:
         counts = (-model.w.detach()).round().int().tolist()
         with open(os.path.join(outputs, f".epoch-{epoch}.tmp"), "w") as handle:
