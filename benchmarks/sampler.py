@@ -1,8 +1,9 @@
 """launcher.data's cost: (a) training throughput of the example (templates/pytorch/train.py's model on the
-digits data) with ElasticSampler + ElasticLoader (+ Join) against DistributedSampler, side by side in one
-2-process gloo group, alternating; (b) claims per second on a local directory and on loopback S3 (moto).
+digits data) with ElasticSampler + ElasticLoader against DistributedSampler + DataLoader, side by side in one
+2-process gloo group, alternating; (b) how fast the work dir takes launcher.data's records (a rank's progress,
+written off the training thread) on a local directory and on loopback S3 (moto).
 
-    .venv/bin/python benchmarks/sampler.py [--repeats 5] [--epochs 3] [--claims 300]
+    .venv/bin/python benchmarks/sampler.py [--repeats 5] [--epochs 3] [--records 300]
 """
 
 from __future__ import annotations
@@ -20,25 +21,21 @@ sys.path.insert(0, str(REPO / "templates" / "pytorch"))
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def _epochs(variant: str, sampler, loader, model, optimizer, epochs: int, first: int) -> int:
+def _epochs(sampler, loader, model, optimizer, epochs: int, first: int) -> int:
+    """The example's loop, with a sampler state_dict() per epoch (what its checkpoint holds) for both."""
     import torch
-    from torch.distributed.algorithms.join import Join
 
     loss_fn = torch.nn.CrossEntropyLoss()
     seen = 0
     for epoch in range(first, first + epochs):
-        if variant == "elastic":
-            sampler.set_epoch(epoch)
-            context = Join([model, sampler])
-        else:
-            sampler.set_epoch(epoch)
-            context = Join([model], enable=variant == "distributed+join")
-        with context:
-            for features, labels in loader:
-                optimizer.zero_grad()
-                loss_fn(model(features), labels).backward()
-                optimizer.step()
-                seen += len(labels)
+        sampler.set_epoch(epoch)
+        for features, labels in loader:
+            optimizer.zero_grad()
+            loss_fn(model(features), labels).backward()
+            optimizer.step()
+            seen += len(labels)
+        if hasattr(sampler, "state_dict"):
+            sampler.state_dict()
     return seen
 
 
@@ -73,15 +70,16 @@ def _rank(rank: int, world: int, init: str, work_dir: str, repeats: int, epochs:
     plain = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0)
     elastic = ElasticSampler(len(train_set), shard_size=shard_size, shuffle=True, seed=0, work_dir=work_dir)
     plain_loader = DataLoader(train_set, batch_size=32, sampler=plain)
-    loaders = {"distributed": (plain, plain_loader), "distributed+join": (plain, plain_loader),
+    loaders = {"distributed": (plain, plain_loader),
                "elastic": (elastic, ElasticLoader(train_set, batch_size=32, sampler=elastic))}
-    totals = {name: [] for name in loaders}
-    _epochs("distributed", plain, loaders["distributed"][1], model, optimizer, 1, 0)  # warm-up
+    totals: dict[str, list[float]] = {name: [] for name in loaders}
+    for sampler, loader in loaders.values():  # warm-up
+        _epochs(sampler, loader, model, optimizer, 1, 0)
     for repeat in range(repeats):
         for name, (sampler, loader) in loaders.items():
             dist.barrier()
             started = time.perf_counter()
-            seen = torch.tensor([_epochs(name, sampler, loader, model, optimizer, epochs, 1 + repeat * epochs)])
+            seen = torch.tensor([_epochs(sampler, loader, model, optimizer, epochs, 1 + repeat * epochs)])
             elapsed = torch.tensor([time.perf_counter() - started])
             dist.all_reduce(seen)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
@@ -106,23 +104,25 @@ def throughput(repeats: int, epochs: int, shard_size: int, hidden: int) -> dict[
     return {name: median(values) for name, values in totals.items()}
 
 
-def claims_per_second(url: str, count: int) -> float:
-    from launcher.data.claims import Claims
+def records_per_second(url: str, count: int) -> float:
+    """Progress records written one after another, as the background writer does (without its pacing)."""
+    import json
+
+    from launcher.data.records import progress_key
     from launcher.node.store import WorkDir
 
-    claims = Claims(WorkDir(url), 0, "0.0", 0)
+    store = WorkDir(url)
     started = time.perf_counter()
-    won = sum(claims.claim(f"{unit}-0") for unit in range(count))
-    elapsed = time.perf_counter() - started
-    assert won == count
-    return count / elapsed
+    for consumed in range(count):
+        store.put(progress_key(0, "0.0", 0), json.dumps({"consumed": consumed, "of": count}).encode())
+    return count / (time.perf_counter() - started)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per variant per repeat")
-    parser.add_argument("--claims", type=int, default=300)
+    parser.add_argument("--records", type=int, default=300)
     parser.add_argument("--shard-size", type=int, default=64)
     parser.add_argument("--hidden", type=int, nargs="*", default=[0, 1024],
                         help="hidden width of the MLP; 0 = the example's own model")
@@ -134,8 +134,7 @@ def main() -> None:
         print(f"training throughput, 2 processes (gloo, CPU), {model} on digits, batch 32, shard_size "
               f"{args.shard_size}, median of {args.repeats} x {args.epochs} epochs each:")
         print(f"  DistributedSampler + DataLoader            {rates['distributed']:10.0f} samples/s")
-        print(f"  DistributedSampler + DataLoader + Join     {rates['distributed+join']:10.0f} samples/s")
-        print(f"  ElasticSampler + ElasticLoader + Join      {rates['elastic']:10.0f} samples/s")
+        print(f"  ElasticSampler + ElasticLoader             {rates['elastic']:10.0f} samples/s")
         print(f"  ratio elastic / distributed                {rates['elastic'] / rates['distributed']:10.3f}")
 
     from s3server import MotoServer
@@ -143,15 +142,16 @@ def main() -> None:
     moto = MotoServer()
     try:
         os.environ.update(moto.env())  # before fsspec is imported: it reads FSSPEC_* variables then
-        moto.make_bucket("bench-claims")
-        s3 = claims_per_second("s3://bench-claims/runs/r1", args.claims)
+        moto.make_bucket("bench-records")
+        s3 = records_per_second("s3://bench-records/runs/r1", args.records)
     finally:
         moto.stop()
     with tempfile.TemporaryDirectory() as tmp:
-        local = claims_per_second(f"{tmp}/run", args.claims)
-    print(f"claims per second, one claimer, {args.claims} units:")
-    print(f"  local directory                            {local:10.0f} claims/s ({1000 / local:.2f} ms each)")
-    print(f"  S3 (moto_server on loopback)               {s3:10.0f} claims/s ({1000 / s3:.2f} ms each)")
+        local = records_per_second(f"{tmp}/run", args.records)
+    print(f"progress records per second, one writer, {args.records} writes (in training: off the training "
+          f"thread, at most 2 per second per rank):")
+    print(f"  local directory                            {local:10.0f} records/s ({1000 / local:.2f} ms each)")
+    print(f"  S3 (moto_server on loopback)               {s3:10.0f} records/s ({1000 / s3:.2f} ms each)")
 
 
 if __name__ == "__main__":

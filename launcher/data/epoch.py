@@ -1,125 +1,69 @@
-"""One rank's part of one epoch in one attempt: a background claimer, the log of what was handed out,
-and what the training loop consumed of it."""
+"""One rank's part of one epoch in one attempt: its stretch of the untrained positions, in batches, and how
+much of it the training loop consumed."""
 
 from __future__ import annotations
 
-import queue
-import threading
-import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Iterator
 
-from launcher.data.claims import Claims, MemoryClaims, claim_all
-from launcher.data.shards import encode, remaining_units, shard_length, unit_name
-
-_END = object()
+from launcher.data.plan import Plan
+from launcher.data.records import Recorder, plan_key, progress_key
 
 
 class EpochRun:
-    def __init__(self, *, epoch: int, order: list[int], base: dict[int, int], size: int, shard_size: int,
-                 claims: Claims | MemoryClaims, rank: int, world: int, prefetch: int):
-        self.epoch = epoch
+    def __init__(self, *, epoch: int, attempt: str, shard_size: int, order: list[int], plan: Plan, rank: int,
+                 recorder: Recorder | None):
+        self.epoch, self.attempt, self.shard_size = epoch, attempt, shard_size
         self.order = order
-        self.base = base
-        self.size, self.shard_size = size, shard_size
-        self.claims = claims
-        self.rank, self.world = rank, world
-        self.units = {unit_name(k, o): (k, o) for k, o in remaining_units(size, shard_size, base)}
-        self.queue: queue.Queue = queue.Queue(maxsize=prefetch)
-        self.stopping = threading.Event()
-        self.log: list[list[int]] = []  # [shard, offset, handed out] per unit, in the order handed out
-        self.yielded = 0
-        self.consumed = 0
+        self.plan = plan
+        self.rank = rank
+        self.count = plan.share(rank)[1]
+        self.recorder = recorder
+        self.sizes: list[int] = []  # the batches handed out, in order (ElasticLoader)
+        self.handed_out = 0  # indices handed out
         self.steps = 0  # batches the loop received (ElasticLoader)
-        self.exhausted = False  # no unit left to claim and all handed out
-        self.counted = False
-        self._marked = 0  # units of the log marked done
-        self._marked_end = 0  # handed-out positions up to the end of those units
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastic-sampler-done")
-        self._writes: list[Future] = []
-        self._thread = threading.Thread(target=self._claim, name="elastic-sampler-claims", daemon=True)
-        self._thread.start()
+        self.consumed = 0  # indices the loop trained
+        self.counted = False  # consumption is counted by the loop, not assumed from what was handed out
+        if recorder is not None:
+            recorder.watch(progress_key(epoch, attempt, rank), lambda: {"consumed": self.consumed, "of": self.count})
 
-    # -- the claimer thread ------------------------------------------------------------------
-    def _claim(self) -> None:
-        try:
-            self.claims.announce({"size": self.size, "shard_size": self.shard_size,
-                                  **encode(self.base, size=self.size, shard_size=self.shard_size)})
-            for name in claim_all(self.claims, list(self.units), self.rank, self.world):
-                if not self._put(self.units[name]) or self.stopping.is_set():
-                    return
-            self._put(_END)
-        except BaseException as exc:  # handed to the training loop, which raises it
-            self._put(exc)
+    def _indices(self) -> list[int]:
+        return [index for low, high in self.plan.trained(self.rank, self.count) for index in self.order[low:high]]
 
-    def _put(self, item: Any) -> bool:
-        while not self.stopping.is_set():
-            try:
-                self.queue.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def indices(self) -> Iterator[int]:
+        """This rank's indices one by one (a DataLoader with ``sampler=``, one process): what is handed out
+        counts as trained, which is exact when the DataLoader has no workers to prefetch."""
+        self._record_plan()
+        for index in self._indices():
+            self.handed_out += 1
+            if not self.counted:
+                self.consumed = self.handed_out
+            yield index
 
-    # -- the training loop's side ----------------------------------------------------------
-    def indices(self, counted: bool) -> Iterator[int]:
-        """Every index of every unit this rank claims, unit after unit. Not ``counted``: what was handed out
-        counts as consumed (exact for a DataLoader without workers: it asks for a batch's indices as the loop
-        asks for the batch)."""
-        self.counted = counted
-        while not self.exhausted:
-            item = self.queue.get()
-            if item is _END:
-                self.exhausted = True
-                if not counted:
-                    self.consume(self.yielded)
-                return
-            if isinstance(item, BaseException):
-                raise RuntimeError(f"ElasticSampler could not claim data for epoch {self.epoch}: {item}") from item
-            if not counted:
-                self.consume(self.yielded)  # what came before is done: the loop asked for more
-            shard, offset = item
-            entry = [shard, offset, 0]
-            self.log.append(entry)
-            first = shard * self.shard_size
-            for position in range(first + offset, first + shard_length(self.size, self.shard_size, shard)):
-                entry[2] += 1
-                self.yielded += 1
-                yield self.order[position]
+    def batches(self, batch_size: int) -> Iterator[list[int]]:
+        """This rank's indices in batches, as many as every other rank gets (ElasticLoader)."""
+        self.counted = True
+        sizes = self.plan.batches(self.rank, batch_size)
+        self._record_plan(batch_size, len(sizes))
+        indices = self._indices()
+        for size in sizes:
+            self.sizes.append(size)
+            start, self.handed_out = self.handed_out, self.handed_out + size
+            yield indices[start:start + size]
 
-    def consume(self, total: int) -> None:
-        """The loop has trained the first ``total`` indices handed out; mark units done as they complete."""
-        self.consumed = min(total, self.yielded)
-        while self._marked < len(self.log):
-            shard, offset, handed = self.log[self._marked]
-            end = self._marked_end + handed
-            full = offset + handed == shard_length(self.size, self.shard_size, shard)
-            if not full or self.consumed < end:
-                return
-            self._marked += 1
-            self._marked_end = end
-            self._writes.append(self._writer.submit(self.claims.done, unit_name(shard, offset)))
-
-    def offsets(self) -> dict[int, int]:
-        """Offsets of the shards this rank claimed and started, after what the loop consumed."""
-        left = self.consumed if self.counted else self.yielded
-        result: dict[int, int] = {}
-        for shard, offset, handed in self.log:
-            taken = min(left, handed)
-            left -= taken
-            result[shard] = offset + taken
-        return result
+    def note_batch(self) -> None:
+        """The loop received the next batch handed out."""
+        self.consumed += self.sizes[self.steps]
+        self.steps += 1
 
     def close(self) -> None:
-        """Stop claiming and wait for the done markers (informational, but `launcher data` reads them)."""
-        self.stopping.set()
-        while self._thread.is_alive():  # unblock a claimer waiting for room in the queue
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                self._thread.join(timeout=0.01)
-        self._writer.shutdown(wait=True)
-        failed = [write.exception() for write in self._writes if write.exception() is not None]
-        if failed:  # progress only: the claims and the checkpoint are what training relies on
-            warnings.warn(f"ElasticSampler: {len(failed)} done markers of epoch {self.epoch} were not written "
-                          f"(`launcher data` will show those units in flight): {failed[0]}", stacklevel=3)
+        """The epoch is over for this rank (or abandoned): its progress record gets its last value."""
+        if self.recorder is not None:
+            self.recorder.unwatch(progress_key(self.epoch, self.attempt, self.rank))
+
+    def _record_plan(self, batch_size: int | None = None, steps: int | None = None) -> None:
+        if self.recorder is None or self.rank != 0:
+            return
+        self.recorder.create(plan_key(self.epoch, self.attempt), {
+            "size": len(self.order), "shard_size": self.shard_size, "world": self.plan.world, "remaining": self.plan.remaining,
+            "shares": [self.plan.share(r) for r in range(self.plan.world)],
+            "batch_size": batch_size, "steps": steps})

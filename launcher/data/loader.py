@@ -1,38 +1,56 @@
-"""``ElasticLoader``: a DataLoader that tells its ElasticSampler which batches reached the training loop."""
+"""``ElasticLoader``: a DataLoader over an ElasticSampler that gives every rank the same number of batches
+and tells the sampler which of them reached the training loop."""
 
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 
 from launcher.data.sampler import ElasticSampler
 
 
-class ElasticLoader(DataLoader):
-    """``DataLoader`` with the same arguments; ``sampler`` must be an ElasticSampler.
+class _EqualSteps(Sampler[list[int]]):
+    """The batch sampler: the rank's stretch in the steps every rank takes."""
 
-    A DataLoader prefetches (``num_workers * prefetch_factor`` batches), so what the sampler handed out is
-    more than what was trained. Batches come back in order and all but the last are full, so after the
-    loop received ``n`` batches exactly the first ``n * batch_size`` handed-out indices (capped at what was
-    handed out) were consumed: that is what ``sampler.state_dict()`` records.
+    def __init__(self, sampler: ElasticSampler, batch_size: int):
+        self.sampler, self.batch_size = sampler, batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.sampler.batches(self.batch_size)
+
+    def __len__(self) -> int:
+        return self.sampler.steps(self.batch_size)
+
+
+class ElasticLoader(DataLoader):
+    """``DataLoader(dataset, batch_size, sampler=ElasticSampler(...), ...)`` with DataLoader's other arguments.
+
+    Batches hold ``batch_size`` samples or, near an epoch's end, slightly fewer: each rank's samples are
+    spread over the steps all ranks take. A DataLoader prefetches (``num_workers * prefetch_factor``
+    batches), so what the sampler handed out is more than what was trained; the loader counts the batches
+    that reach the loop, and ``sampler.state_dict()`` records exactly those.
     """
 
-    def __init__(self, dataset: Any, *args: Any, **kwargs: Any):
-        super().__init__(dataset, *args, **kwargs)
-        if not isinstance(self.sampler, ElasticSampler):
+    def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool | None = None,
+                 sampler: ElasticSampler | None = None, **kwargs: Any):
+        if not isinstance(sampler, ElasticSampler):
             raise ValueError("ElasticLoader needs sampler=ElasticSampler(...)")
-        if self.batch_size is None:
-            raise ValueError("ElasticLoader needs batch_size (a batch_sampler would hide which indices were trained)")
-        if self.drop_last:
-            raise ValueError("ElasticLoader cannot drop_last: the indices of a dropped batch are claimed and "
-                             "never trained, so the epoch would miss them")
-        if not getattr(self, "in_order", True):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"ElasticLoader needs batch_size >= 1, not {batch_size!r}")
+        if shuffle:
+            raise ValueError("ElasticLoader: shuffle=True conflicts with the sampler (ElasticSampler shuffles)")
+        for name, why in (("batch_sampler", "the loader makes the batches (equal steps on every rank)"),
+                          ("drop_last", "a dropped batch's indices would never be trained")):
+            if kwargs.get(name):
+                raise ValueError(f"ElasticLoader cannot take {name}: {why}")
+        if kwargs.get("in_order") is False:
             raise ValueError("ElasticLoader needs in_order=True: consumption is counted in the order handed out")
-        self.sampler.counted = True
+        super().__init__(dataset, batch_sampler=_EqualSteps(sampler, batch_size), **kwargs)
+        self.elastic_sampler = sampler
+        sampler.counted = True
 
     def __iter__(self) -> Iterator[Any]:
-        sampler: ElasticSampler = self.sampler  # type: ignore[assignment]
         for batch in super().__iter__():
-            sampler.note_batch(self.batch_size)  # type: ignore[arg-type]
+            self.elastic_sampler.note_batch()
             yield batch

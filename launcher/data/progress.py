@@ -1,13 +1,15 @@
-"""Each epoch's progress as the work dir records it (for `launcher data`): the newest attempt's units done,
-claimed and not done (in flight), and not claimed (left), counted in shards."""
+"""Each epoch's progress as the work dir records it (for `launcher data` and `status`): in the newest attempt,
+shards (``shard_size`` consecutive positions of the epoch's order) fully trained (done), partly trained (in
+flight) and not started (left)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from launcher.data.claims import attempt_prefix
-from launcher.data.shards import decode, remaining_units, shard_count, unit_name
+from launcher.data.intervals import Interval, complement, normalize
+from launcher.data.plan import Plan
+from launcher.data.records import plan_key, progress_key
 from launcher.node.store import WorkDir
 
 
@@ -32,12 +34,11 @@ def _attempt_order(name: str) -> tuple[int, ...] | None:
 
 
 def read_progress(store: WorkDir, *, latest_only: bool = False) -> list[EpochProgress]:
-    """Every recorded epoch's progress, oldest first; with ``latest_only`` only the newest epoch's (one read)."""
+    """Every recorded epoch's progress, oldest first; with ``latest_only`` only the newest epoch's."""
     epochs = sorted(int(name) for name in store.list("data") if name.isdigit())
     found = []
     for epoch in epochs[-1:] if latest_only else epochs:
-        name = f"{epoch:05d}"
-        attempts = [a for a in store.list(f"data/{name}") if _attempt_order(a) is not None]
+        attempts = [a for a in store.list(f"data/{epoch:05d}") if _attempt_order(a) is not None]
         if attempts:
             progress = _attempt_progress(store, epoch, max(attempts, key=_attempt_order))
             if progress is not None:
@@ -46,16 +47,29 @@ def read_progress(store: WorkDir, *, latest_only: bool = False) -> list[EpochPro
 
 
 def _attempt_progress(store: WorkDir, epoch: int, attempt: str) -> EpochProgress | None:
-    prefix = attempt_prefix(epoch, attempt)
-    manifest = store.get_record(f"{prefix}/units.json")
-    if not manifest:
+    record = store.get_record(plan_key(epoch, attempt))
+    if not record:
         return None
-    size, shard_size = int(manifest["size"]), int(manifest["shard_size"])
-    units = {unit_name(k, o) for k, o in remaining_units(size, shard_size, decode(manifest, size=size,
-                                                                                   shard_size=shard_size))}
-    shards = shard_count(size, shard_size)
-    claimed = set(store.list(f"{prefix}/claims")) & units
-    done = set(store.list(f"{prefix}/done")) & units
-    done_total = shards - len(units) + len(done)
-    in_flight = len(claimed - done)
-    return EpochProgress(epoch, attempt, shards, done_total, in_flight, shards - done_total - in_flight)
+    size, shard_size = int(record["size"]), int(record["shard_size"])
+    plan = Plan([(int(low), int(high)) for low, high in record["remaining"]], int(record["world"]))
+    trained = list(complement(plan.remaining, size))
+    for rank in range(plan.world):
+        consumed = store.get_record(progress_key(epoch, attempt, rank)).get("consumed", 0)
+        trained += plan.trained(rank, int(consumed))
+    return count_shards(normalize(trained), size, shard_size, epoch, attempt)
+
+
+def count_shards(trained: list[Interval], size: int, shard_size: int, epoch: int, attempt: str) -> EpochProgress:
+    shards = -(-size // shard_size)
+    per_shard = [0] * shards
+    for low, high in trained:
+        position = low
+        while position < high:
+            shard = position // shard_size
+            end = min(high, (shard + 1) * shard_size)
+            per_shard[shard] += end - position
+            position = end
+    lengths = [min(shard_size, size - k * shard_size) for k in range(shards)]
+    done = sum(1 for got, length in zip(per_shard, lengths) if got == length)
+    in_flight = sum(1 for got, length in zip(per_shard, lengths) if 0 < got < length)
+    return EpochProgress(epoch, attempt, shards, done, in_flight, shards - done - in_flight)

@@ -1,22 +1,23 @@
-"""``ElasticSampler``: the indices of an epoch, claimed shard by shard by whichever rank is ready."""
+"""``ElasticSampler``: each epoch's indices, split afresh at every start of the training processes among the
+ranks present, so that across restarts and membership changes every index is trained once per epoch."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import warnings
 from typing import Any, Iterator, Mapping
 
-import torch
-import torch.distributed as dist
-from torch.distributed.algorithms.join import Joinable, JoinHook
 from torch.utils.data import Sampler
 
-from launcher.data.claims import Claims, MemoryClaims
 from launcher.data.epoch import EpochRun
-from launcher.data.shards import (STATE_VERSION, complete, decode, encode, epoch_order, remaining_units,
-                                  shard_length)
+from launcher.data.intervals import Interval, complement, normalize, total
+from launcher.data.plan import Plan, epoch_order
+from launcher.data.records import Recorder
 
-SETTINGS = ("size", "shard_size", "shuffle", "seed")
+STATE_VERSION = 2
+SETTINGS = ("size", "shuffle", "seed")
 
 
 def attempt_key(env: Mapping[str, str]) -> str:
@@ -24,74 +25,56 @@ def attempt_key(env: Mapping[str, str]) -> str:
     return f"{int(env.get('LAUNCHER_ROUND') or 0)}.{int(env.get('TORCHELASTIC_RESTART_COUNT') or 0)}"
 
 
-def merge(base: dict[int, int], parts: list[dict[int, int]]) -> dict[int, int]:
-    """The epoch's offsets: each shard of this attempt was claimed by one rank, whose part says how far it got."""
-    offsets = dict(base)
-    for part in parts:
-        offsets.update(part)
-    return offsets
-
-
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is not None and world_size is not None:
         return rank, world_size
+    import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _work_dir_url(work_dir: str | None, world: int, env: Mapping[str, str]) -> str | None:
-    """Where the claims live: ``work_dir``, else the run's work dir, else nowhere when one process is alone."""
+def _work_dir_url(work_dir: str | None, env: Mapping[str, str]) -> str | None:
+    """Where progress is recorded: ``work_dir``, else the run's work dir, else nowhere."""
     if work_dir:
         return work_dir
     root, run_id = env.get("LAUNCHER_WORK_DIR"), env.get("LAUNCHER_RUN_ID")
-    if root and run_id:
-        return f"{root.rstrip('/')}/{run_id}"
-    if world == 1:
-        return None
-    missing = " and ".join(name for name, value in (("LAUNCHER_WORK_DIR", root), ("LAUNCHER_RUN_ID", run_id))
-                           if not value)
-    raise RuntimeError(
-        f"ElasticSampler: {world} training processes must share their claims through a work dir, and {missing} "
-        f"{'is' if ' and ' not in missing else 'are'} not set (launcher's nodes set them). Start the job with "
-        f"`launcher run`, or pass work_dir= a directory or s3:// / oci:// URL every process can reach, "
-        f"a new one for each run.")
+    return f"{root.rstrip('/')}/{run_id}" if root and run_id else None
 
 
-class ElasticSampler(Sampler[int], Joinable):
-    """Hands out the indices ``0..size-1`` of each epoch so that, across all ranks and through restarts and
-    membership changes, the model lineage trains every index once per epoch.
+class ElasticSampler(Sampler[int]):
+    """Hands out the indices ``0..size-1`` of each epoch so that the model lineage, across all ranks and
+    through restarts and membership changes, trains every index once per epoch.
 
-    ``shard_size`` indices form a unit of claiming; ``prefetch`` units are claimed ahead in a background
-    thread. ``checkpoint_every`` (steps) lets ranks that ran out of data inside ``Join([model, sampler])``
-    take part in the collective ``state_dict()`` of the ranks still training (``checkpoint_due()``).
+    At each start of the training processes, the epoch's untrained positions are split into one contiguous
+    stretch per rank, with the same number of steps for every rank (so DDP needs no ``Join``). What the loop
+    consumed goes into ``state_dict()``, which travels in the checkpoint with the model: after a restart
+    from that checkpoint exactly the untrained rest is split among the ranks then present.
+
+    Read it through ``ElasticLoader``: it batches each rank's stretch into the agreed number of steps and
+    counts what reached the loop. ``shard_size`` is the unit in which `launcher data` reports progress.
     """
 
     def __init__(self, size: int, shard_size: int = 256, shuffle: bool = True, seed: int = 0, *,
-                 prefetch: int = 2, checkpoint_every: int | None = None, work_dir: str | None = None,
-                 rank: int | None = None, world_size: int | None = None):
-        Joinable.__init__(self)
-        for name, value, least in (("size", size, 0), ("shard_size", shard_size, 1), ("prefetch", prefetch, 1),
-                                   ("checkpoint_every", 1 if checkpoint_every is None else checkpoint_every, 1)):
+                 work_dir: str | None = None, rank: int | None = None, world_size: int | None = None):
+        for name, value, least in (("size", size, 1), ("shard_size", shard_size, 1)):
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"ElasticSampler: {name} must be an integer >= {least}, not {value!r}")
         self.size, self.shard_size, self.shuffle, self.seed = size, shard_size, bool(shuffle), seed
-        self.prefetch = prefetch
-        self.checkpoint_every = checkpoint_every
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.attempt = attempt_key(os.environ)
-        url = _work_dir_url(work_dir, self.world_size, os.environ)
+        url = _work_dir_url(work_dir, os.environ)
         if url is None:
-            self._store = None
+            self._recorder = None
         else:
             from launcher.node.store import WorkDir
 
-            self._store = WorkDir(url)
+            self._recorder = Recorder(WorkDir(url))
         self._loaded: dict[str, Any] | None = None
+        self._checked = False
         self._run: EpochRun | None = None
-        self._epoch: int | None = None
         self.counted = False  # set by ElasticLoader: the loop's consumption is known, not only what was handed out
-        self._in_join = False
 
     # -- epochs ------------------------------------------------------------------------------
     def epochs(self, start: int | None = None, end: int | None = None) -> Iterator[int]:
@@ -102,137 +85,125 @@ class ElasticSampler(Sampler[int], Joinable):
         first = self._resume_epoch() if start is None else start
         try:
             for epoch in range(first, end):
-                loaded = self._loaded_offsets(epoch)
-                if loaded is not None and complete(loaded, size=self.size, shard_size=self.shard_size):
+                if total(self._loaded_done(epoch)) == self.size:
                     continue
                 self.set_epoch(epoch)
                 yield epoch
         finally:
             self._close_run()
+            if self._recorder is not None:
+                self._recorder.flush()
 
     def set_epoch(self, epoch: int) -> None:
-        """Begin ``epoch`` (as with DistributedSampler); claiming starts at once, in the background."""
+        """Begin ``epoch`` (as with DistributedSampler)."""
         self._close_run()
-        base = self._loaded_offsets(epoch) or {}
-        claims = MemoryClaims() if self._store is None else Claims(self._store, epoch, self.attempt, self.rank)
-        self._epoch = epoch
-        self._run = EpochRun(epoch=epoch, order=epoch_order(self.size, self.seed, epoch, self.shuffle), base=base,
-                             size=self.size, shard_size=self.shard_size, claims=claims, rank=self.rank,
-                             world=self.world_size, prefetch=self.prefetch)
+        done = self._loaded_done(epoch)
+        if not self._checked:
+            self._check_same_start(epoch, done)
+        self._run = EpochRun(epoch=epoch, attempt=self.attempt, shard_size=self.shard_size,
+                             order=epoch_order(self.size, self.seed, epoch, self.shuffle),
+                             plan=Plan(complement(done, self.size), self.world_size), rank=self.rank,
+                             recorder=self._recorder)
 
-    def __iter__(self) -> Iterator[int]:
+    def _close_run(self) -> None:
+        if self._run is not None:
+            self._run.close()
+
+    def _current(self) -> EpochRun:
         if self._run is None:
             self.set_epoch(self._resume_epoch())
         assert self._run is not None
-        return self._run.indices(self.counted)
+        return self._run
+
+    def __iter__(self) -> Iterator[int]:
+        if self.world_size > 1 and not self.counted:
+            raise RuntimeError(
+                f"ElasticSampler with {self.world_size} training processes must be read through "
+                f"launcher.data.ElasticLoader (it takes DataLoader's arguments): it gives every rank the same "
+                f"number of batches, which a DataLoader with sampler= cannot")
+        return self._current().indices()
+
+    def batches(self, batch_size: int) -> Iterator[list[int]]:
+        """This rank's batches of the current epoch; every rank gets as many (used by ElasticLoader)."""
+        return self._current().batches(batch_size)
 
     def __len__(self) -> int:
-        """An estimate (claims are dynamic): this rank's even share of what the epoch has left."""
-        base = self._run.base if self._run else self._loaded_offsets(self._resume_epoch()) or {}
-        left = sum(shard_length(self.size, self.shard_size, k) - offset
-                   for k, offset in remaining_units(self.size, self.shard_size, base))
-        return -(-left // self.world_size)
+        """How many indices this rank trains in the current epoch."""
+        return self._current().count
 
-    # -- the loop's consumption (ElasticLoader) ---------------------------------------------
-    def note_batch(self, length: int) -> None:
-        """The loop received a batch of ``length`` indices (called by ElasticLoader)."""
-        run = self._run
-        if run is not None:
-            run.steps += 1
-            run.consume(run.consumed + length)
+    def steps(self, batch_size: int) -> int:
+        return self._current().plan.steps(batch_size)
 
-    def checkpoint_due(self) -> bool:
-        """Whether this step is one where every rank, joined or not, takes part in ``state_dict()``."""
-        run = self._run
-        return bool(self.checkpoint_every and run and run.steps and run.steps % self.checkpoint_every == 0)
+    def note_batch(self) -> None:
+        """The loop received the next batch (called by ElasticLoader)."""
+        assert self._run is not None
+        self._run.note_batch()
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The merged progress of the current epoch over all ranks. Collective: every rank calls it (inside
-        ``Join([model, sampler])``, at the steps ``checkpoint_due()`` names, or after the Join block)."""
+        """The epoch's progress over all ranks. Collective: every rank calls it, at the same step."""
         run = self._run
         if run is None:
-            return self._loaded or self._state(self._resume_epoch(), {})
-        if self._in_join and self.checkpoint_every and not self.checkpoint_due():
-            raise RuntimeError(
-                f"ElasticSampler.state_dict() inside Join at step {run.steps}: ranks that ran out of data take "
-                f"part only every checkpoint_every={self.checkpoint_every} steps (use sampler.checkpoint_due())")
-        if not self.counted and run.yielded and not run.exhausted:
+            return self._loaded or self._state(self._resume_epoch(), [])
+        if not run.counted and 0 < run.handed_out < run.count:
             warnings.warn(
                 "ElasticSampler.state_dict(): the sampler is not read through launcher.data.ElasticLoader, so it "
                 "counts every index it handed out as trained. That is exact with DataLoader(num_workers=0); with "
                 "worker processes, batches still prefetched now would be skipped after a restore. Use "
                 "ElasticLoader (it takes DataLoader's arguments).", stacklevel=2)
-        return self._state(run.epoch, merge(run.base, self._gather(run.offsets())))
+        consumed = self._gather(run.consumed)
+        trained = [interval for rank, count in enumerate(consumed) for interval in run.plan.trained(rank, count)]
+        return self._state(run.epoch, normalize(self._loaded_done(run.epoch) + trained))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a state_dict(): the epoch's untrained rest is what the next attempt hands out."""
+        """Resume from a state_dict(): the epoch's untrained rest is what the next start splits."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"ElasticSampler.load_state_dict: unknown state version {state.get('version')!r}")
+            raise ValueError(f"ElasticSampler.load_state_dict: unknown state version {state.get('version')!r} "
+                             f"(this launcher writes version {STATE_VERSION})")
         for name in SETTINGS:
             if state.get(name) != getattr(self, name):
                 raise ValueError(f"ElasticSampler.load_state_dict: the state was saved with {name}={state.get(name)!r}, "
-                                 f"this sampler has {name}={getattr(self, name)!r}; the epoch's shards would differ")
+                                 f"this sampler has {name}={getattr(self, name)!r}; the epoch's order would differ")
         if self._run is not None and self._run.epoch == state.get("epoch"):
             raise RuntimeError("ElasticSampler.load_state_dict: epoch already started; load the state before it")
-        self._loaded = dict(state)
+        self._loaded = {**state, "done": normalize(state.get("done", []))}
 
-    def _state(self, epoch: int, offsets: dict[int, int]) -> dict[str, Any]:
-        encoded = encode(offsets, size=self.size, shard_size=self.shard_size)
+    def _state(self, epoch: int, done: list[Interval]) -> dict[str, Any]:
         return {"version": STATE_VERSION, "epoch": epoch, **{name: getattr(self, name) for name in SETTINGS},
-                "complete": complete(offsets, size=self.size, shard_size=self.shard_size), **encoded}
+                "complete": total(done) == self.size, "done": [list(interval) for interval in done]}
 
-    def _loaded_offsets(self, epoch: int) -> dict[int, int] | None:
+    def _loaded_done(self, epoch: int) -> list[Interval]:
         if self._loaded is None or self._loaded["epoch"] != epoch:
-            return None
-        return decode(self._loaded, size=self.size, shard_size=self.shard_size)
+            return []
+        return self._loaded["done"]
 
     def _resume_epoch(self) -> int:
         if self._loaded is None:
             return 0
         return self._loaded["epoch"] + (1 if self._loaded.get("complete") else 0)
 
-    def _gather(self, part: dict[int, int]) -> list[dict[int, int]]:
-        if self.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
-            return [part]
-        parts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(parts, part)
-        return parts
+    def _gather(self, value: Any) -> list[Any]:
+        import torch.distributed as dist
 
-    def _close_run(self) -> None:
-        if self._run is not None:
-            self._run.close()
+        if self.world_size == 1:
+            return [value]
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(f"ElasticSampler with {self.world_size} training processes needs torch.distributed "
+                               f"initialized (init_process_group) before its first epoch: the ranks agree on "
+                               f"their start and their progress through it")
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
 
-    # -- Join: ranks out of data shadow the state_dict() collectives of the others -------------
-    def join_hook(self, **kwargs: Any) -> JoinHook:
-        self._in_join = True
-        return _SamplerJoinHook(self)
-
-    @property
-    def join_device(self) -> torch.device:
-        if dist.get_backend() == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-
-    @property
-    def join_process_group(self) -> Any:
-        return dist.group.WORLD
-
-
-class _SamplerJoinHook(JoinHook):
-    """Runs once per step of the ranks still training (after DDP's hook): counts the step and, where a
-    checkpoint is due, sends this rank's final progress into their state_dict() collective."""
-
-    def __init__(self, sampler: ElasticSampler):
-        self.sampler = sampler
-
-    def main_hook(self) -> None:
-        run = self.sampler._run
-        if run is None:
-            return
-        run.steps += 1
-        if self.sampler.checkpoint_due():
-            self.sampler._gather(run.offsets())
-
-    def post_hook(self, is_last_joiner: bool) -> None:
-        self.sampler._in_join = False
+    def _check_same_start(self, epoch: int, done: list[Interval]) -> None:
+        """Ranks that start from different states would split different rests: some samples twice, some
+        never. Checked once per process start (one collective), never per step."""
+        self._checked = True
+        digest = hashlib.sha256(json.dumps([epoch, done]).encode()).hexdigest()[:16]
+        digests = self._gather(digest)
+        if len(set(digests)) > 1:
+            ranks = [rank for rank, other in enumerate(digests) if other != digests[0]]
+            raise RuntimeError(
+                f"ElasticSampler: the ranks start from different states (ranks {', '.join(map(str, ranks))} "
+                f"differ from rank 0 at epoch {epoch}): they would train some samples twice and skip others. "
+                f"Load every rank's sampler state from the same checkpoint and start the same epoch")

@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.distributed.algorithms.join import Join
 from torch.utils.data import TensorDataset
 
 from launcher.data import ElasticLoader, ElasticSampler
@@ -99,7 +98,7 @@ def main() -> None:
 
     torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts rank 0's)
     train_set, test_set = load_digits_split()
-    # Shards of the shuffled data are claimed by whichever rank is ready (in the run's work dir), so a
+    # Each start of the training processes splits what the epoch has left among the ranks present, so a
     # membership change never repeats or skips a sample; the loader tells the sampler what was trained.
     sampler = ElasticSampler(len(train_set), shard_size=64, shuffle=True, seed=0)
     loader = ElasticLoader(train_set, batch_size=args.batch_size, sampler=sampler)
@@ -128,16 +127,15 @@ def main() -> None:
 
     for epoch in sampler.epochs(start=start_epoch, end=args.epochs):
         started, seen, total_loss = time.perf_counter(), 0, 0.0
-        # Ranks may get different numbers of batches: Join keeps DDP's collectives matched until all are done.
-        with Join([model, sampler]):
-            for features, labels in loader:
-                features, labels = features.to(device), labels.to(device)
-                optimizer.zero_grad()
-                loss = loss_fn(model(features), labels)
-                loss.backward()
-                optimizer.step()
-                seen += len(labels)
-                total_loss += loss.item() * len(labels)
+        # ElasticLoader gives every rank the same number of batches: DDP's collectives always match.
+        for features, labels in loader:
+            features, labels = features.to(device), labels.to(device)
+            optimizer.zero_grad()
+            loss = loss_fn(model(features), labels)
+            loss.backward()
+            optimizer.step()
+            seen += len(labels)
+            total_loss += loss.item() * len(labels)
         progress = sampler.state_dict()  # collective: every rank calls it
         elapsed = time.perf_counter() - started
         accuracy = evaluate(model.module, test_set, device)

@@ -1,0 +1,107 @@
+"""What launcher.data writes to the run's work dir, for `launcher data` and `status` to read: each attempt's
+plan and each rank's progress. Training relies on none of it (the checkpoint is the record it resumes from),
+so the writing happens off the training thread: a rank's progress is sampled at most every ``interval``
+seconds and written when it changed, and a slow store (S3 at some ms per write) never slows a step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import threading
+import warnings
+from typing import Any, Callable
+
+from launcher.node.store import WorkDir
+
+Snapshot = Callable[[], dict[str, Any]]
+
+
+def attempt_prefix(epoch: int, attempt: str) -> str:
+    return f"data/{epoch:05d}/{attempt}"
+
+
+def plan_key(epoch: int, attempt: str) -> str:
+    return f"{attempt_prefix(epoch, attempt)}/plan.json"
+
+
+def progress_key(epoch: int, attempt: str, rank: int) -> str:
+    return f"{attempt_prefix(epoch, attempt)}/progress/{rank}.json"
+
+
+class Recorder:
+    """One background writer per sampler. ``create`` writes an object once (create-if-absent: the plan,
+    equal on every rank); ``watch`` samples a live record every ``interval`` seconds until ``unwatch``
+    writes its last value; ``flush`` writes everything now and waits for it."""
+
+    def __init__(self, store: WorkDir, *, interval: float = 0.5):
+        self.store = store
+        self.interval = interval
+        self._creates: dict[str, dict[str, Any]] = {}
+        self._watches: dict[str, Snapshot] = {}
+        self._finals: dict[str, dict[str, Any]] = {}
+        self._written: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._failures: list[str] = []
+        self._thread: threading.Thread | None = None
+
+    def create(self, key: str, record: dict[str, Any]) -> None:
+        with self._lock:
+            self._creates[key] = record
+        self._start()
+
+    def watch(self, key: str, snapshot: Snapshot) -> None:
+        with self._lock:
+            self._watches[key] = snapshot
+        self._start()
+
+    def unwatch(self, key: str) -> None:
+        with self._lock:
+            snapshot = self._watches.pop(key, None)
+            if snapshot is not None:
+                self._finals[key] = snapshot()
+        self._wake.set()
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Write what is pending and the watched records' values now; warn once about failed writes."""
+        if self._thread is not None:
+            self._idle.clear()
+            self._wake.set()
+            self._idle.wait(timeout)
+        with self._lock:
+            failures, self._failures = self._failures, []
+        if failures:  # progress only: training resumes from the checkpoint, never from these
+            warnings.warn(f"launcher.data: {len(failures)} progress records were not written to the work dir "
+                          f"(`launcher data` shows older progress): {failures[0]}", stacklevel=2)
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._write, name="launcher-data-records", daemon=True)
+        self._thread.start()
+        atexit.register(self.flush, 10.0)  # the last epoch's final progress, even without epochs()
+
+    def _due(self) -> list[tuple[str, bool, dict[str, Any]]]:
+        with self._lock:
+            due = [(key, True, record) for key, record in self._creates.items()]
+            values = {**{key: snapshot() for key, snapshot in self._watches.items()}, **self._finals}
+            self._creates, self._finals = {}, {}
+        due += [(key, False, value) for key, value in values.items() if self._written.get(key) != value]
+        return due
+
+    def _write(self) -> None:
+        while True:
+            for key, create_only, record in self._due():
+                data = json.dumps(record, separators=(",", ":")).encode()
+                try:
+                    self.store.create(key, data) if create_only else self.store.put(key, data)
+                    self._written[key] = record
+                except Exception as exc:  # noqa: BLE001 - reported by flush(), never raised into training
+                    with self._lock:
+                        self._failures.append(f"{key}: {exc}")
+            self._idle.set()
+            self._wake.wait(self.interval if self._watches else None)
+            self._wake.clear()
