@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from launcher.node.rendezvous import PollPolicy, Registration
 from launcher.node.rounds import Rounds, Timing, grouped_history, latest_round
 from launcher.node.store import WorkDir
-from launcher.runs.recovery import FAILURE, JOIN, LOST, PEER, Policy, RoundEnd
+from launcher.runs.recovery import FAILURE, JOIN, KILLED, LOST, PEER, Policy, RoundEnd
 from launcher.runs.state import RunInfo
 from launcher.runs.view import RunView, closing_line
 
@@ -69,6 +69,16 @@ def test_a_lost_member_leaves_at_once_and_counts_as_a_restart(store):
     assert joined["m"].history == ("round 0: node w-1: killed",)
 
 
+def test_a_node_whose_training_process_was_killed_is_expected_in_the_next_round(store):
+    policy = Policy(2, min_nodes=2)
+    join_all(store, policy, NODES, 0)
+    rounds_of(store, policy).end(0, RoundEnd("w-1", KILLED, "rank 2's training process was killed (SIGKILL)", 137,
+                                             time.time()))
+    joined = join_all(store, policy, NODES, 1, delays={"w-1": FAST.settle / 2})  # a lost node's round would not wait
+    assert list(joined["m"].decision.ranks) == NODES and joined["m"].restarts == 1
+    assert joined["m"].history == ("round 0: node w-1: rank 2's training process was killed (SIGKILL)",)
+
+
 def test_the_main_can_be_lost_too(store):
     join_all(store, Policy(1, min_nodes=2), NODES, 0)
     rounds_of(store, Policy(1, min_nodes=2)).end(0, RoundEnd("m", LOST, "killed", 137, time.time()))
@@ -108,6 +118,9 @@ def test_a_static_round_waits_for_the_replacement(store):
     (Policy(2, retry_on=("failure",)), [RoundEnd("w-0", FAILURE, "x", 1, 1.0), RoundEnd("m", PEER, "lost", 1, 0.5)],
      None),
     (Policy(0), [RoundEnd("w-0", LOST, "killed", 137, 1.0)], "gave up after 0 of 0 restarts: node w-0: killed"),
+    (Policy(1), [RoundEnd("w-0", KILLED, "rank 1's training process was killed (SIGKILL)", 137, 1.0)], None),
+    (Policy(1, retry_on=("failure",)), [RoundEnd("w-0", KILLED, "rank 1's ...", 137, 1.0)],
+     "not retried (a training process killed from outside (lost) is not in recovery.retryOn): node w-0: rank 1's ..."),
 ])
 def test_the_policy_decides_which_ends_are_retried(policy, ends, give_up):
     assert policy.next_round(ends, 0)[1] == give_up

@@ -163,6 +163,13 @@ def _frame_text(path: str, line: str, function: str | None, code: str) -> str:
     return f"{path}:{line}" + (f" in {function}" if function else "") + (f": {code}" if code else "")
 
 
+def describe_kill(cause: Cause) -> str:
+    """``rank 1's training process was killed (SIGKILL)``: a rank ended by a signal from outside, its node alive."""
+    who = f"rank {cause.rank}'s" if cause.rank is not None else "a"
+    hint = ", often the out-of-memory killer" if cause.signal == "SIGKILL" else ""
+    return f"{who} training process was killed ({cause.signal}{hint})"
+
+
 def describe(cause: dict) -> str:
     """``rank 1: ValueError: boom (at train.py:5 in main)`` or ``rank 2 killed by SIGKILL``."""
     who = (f"rank {cause['rank']}" if cause.get("rank") is not None

@@ -32,7 +32,7 @@ from launcher import node_names
 from launcher.node.control import LEFT, ControlWatch
 from launcher.node.status import status_key
 from launcher.node.store import WorkDir
-from launcher.runs.recovery import FAILURE, JOIN, LEAVE, LOST, Policy, RoundEnd, said
+from launcher.runs.recovery import CAUSES, FAILURE, JOIN, LEAVE, LOST, PEER, Policy, RoundEnd, said
 
 ROUNDS_PREFIX = "rounds"
 
@@ -247,7 +247,7 @@ class Rounds:
 def _summary(number: int, ends: list[RoundEnd]) -> str:
     """``round 0: node w-1: ...``: why round ``number`` ended, each cause once: the first, then up to two other
     ones; nodes that ended the same way (one error every rank raised) are named, not repeated."""
-    causes = sorted((end for end in ends if end.kind in (LOST, FAILURE)), key=lambda end: end.at)
+    causes = sorted((end for end in ends if end.kind in CAUSES), key=lambda end: end.at)
     shown = causes or sorted(ends, key=lambda end: end.at)
     if not shown:
         return f"round {number}: no reason recorded"
@@ -258,9 +258,15 @@ def _summary(number: int, ends: list[RoundEnd]) -> str:
             + "".join(f"\n    and {said(end)}" for end in others[:2]))
 
 
+def describe_end(end: RoundEnd) -> str:
+    """``node w-1 lost: node process killed by SIGKILL``: one end of a round, as a node that sees it says."""
+    words = {LOST: " lost", FAILURE: " failed", PEER: " lost a peer", JOIN: " joins", LEAVE: " leaves"}
+    return f"node {end.node}{words.get(end.kind, '')}: {end.reason}"  # KILLED: the reason says what was killed
+
+
 def _what(end: RoundEnd) -> tuple[str, str]:
     """An end without the rank that saw it: every rank raising one error is one cause."""
-    return end.kind, re.sub(r"^rank \d+:? ", "", end.reason)
+    return end.kind, re.sub(r"^rank \d+(:|'s)? ", "", end.reason)
 
 
 def grouped_history(history: Sequence[str], cause: str | None = None) -> list[str]:

@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-LOST = "lost"  # the node, or one of its training processes, was killed from outside (or died)
+LOST = "lost"  # the node was killed from outside, or died (written by its supervisor)
+KILLED = "killed"  # one of its training processes was killed from outside, the node alive: retried as LOST is
 FAILURE = "failure"  # training exited non-zero on its own (an exception, an exit code)
 PEER = "peer"  # this node's ranks only lost a peer: a consequence, never a cause
 JOIN = "join"  # a node (a replacement, or one more) asks to join: no failure at all
 LEAVE = "leave"  # a node leaves on request (`launcher scale`): no failure at all, and it is not waited for
+CAUSES = (LOST, KILLED, FAILURE)  # the ends that cost a restart (or stop the run)
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class RoundEnd:
     """Why a round ended, as one node (or a supervisor, for a dead node) recorded it."""
 
     node: str
-    kind: str  # LOST, FAILURE, PEER, JOIN or LEAVE
+    kind: str  # LOST, KILLED, FAILURE, PEER, JOIN or LEAVE
     reason: str
     exit_code: int | None = None
     at: float = 0.0
@@ -44,14 +46,14 @@ class Policy:
     def retried(self, end: RoundEnd) -> bool:
         if end.kind in (JOIN, LEAVE, PEER):
             return True
-        if end.kind == LOST:
+        if end.kind in (LOST, KILLED):
             return LOST in self.retry_on
         return FAILURE in self.retry_on or end.exit_code in self.retry_on
 
     def next_round(self, ends: Iterable[RoundEnd], restarts: int) -> tuple[int, str | None, RoundEnd | None]:
         """(restarts after this round change, why the run must stop instead or None, and the end that made it stop:
         the cause, which need not be the node that says so)."""
-        causes = sorted((end for end in ends if end.kind in (LOST, FAILURE)), key=lambda end: end.at)
+        causes = sorted((end for end in ends if end.kind in CAUSES), key=lambda end: end.at)
         refused = next((end for end in causes if not self.retried(end)), None)
         if refused is not None:
             return (restarts, f"not retried ({_kind_words(refused)} is not in recovery.retryOn): {said(refused)}",
@@ -68,7 +70,8 @@ class Policy:
 
 
 def _kind_words(end: RoundEnd) -> str:
-    return "a lost node" if end.kind == LOST else f"exit status {end.exit_code}"
+    words = {LOST: "a lost node", KILLED: "a training process killed from outside (lost)"}
+    return words.get(end.kind) or f"exit status {end.exit_code}"
 
 
 def said(end: RoundEnd) -> str:
