@@ -208,8 +208,10 @@ class Node:
             number += 1
 
     def _members_text(self, current: Round, policy: Policy) -> str:
-        return (f"continuing with {plural(len(current.members), 'node')} (min {policy.min_nodes}), "
-                f"restart {current.restarts} of {policy.max_restarts}")
+        elastic = self.settings.recovery and self.settings.recovery.get("maxNodes")  # static: every node, always
+        bounds = f" (min {policy.min_nodes}, max {elastic})" if elastic else ""
+        return f"continuing with {plural(len(current.members), 'node')}{bounds}, restart {current.restarts} of " \
+               f"{policy.max_restarts}"
 
     def _first_round(self, rounds: Rounds) -> int:
         """0 while the run has no round yet; a node that finds the rounds begun (a replacement, a node added by
