@@ -107,6 +107,8 @@ def test_an_elastic_run_grows_to_3_and_shrinks_to_2_while_it_trains(tmp_path, la
     assert status["rounds"]["members"] == ["t-main", "t-worker-0"]
     left = json.loads((tmp_path / "wd" / run_id / "status" / "t-worker-1.json").read_text())
     assert left["state"] == "left" and left["exit_code"] == 0, left
+    assert status["nodes"]["t-worker-1"]["rank"] is None  # it has none since it left (its last one was 2)
+    assert re.search(r"^t-worker-1\s+-\s+left\s", run_cli("status", run_id).stdout, re.M)
 
 
 def test_scale_refuses_runs_it_cannot_change(tmp_path, launcher_home):

@@ -11,7 +11,7 @@ from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
 from launcher.gpus import describe
 from launcher.node.rounds import grouped_history
 from launcher.runs.state import RunInfo, all_runs, resolve_run
-from launcher.runs.view import closing_line, open_run, read_view, record_lost
+from launcher.runs.view import RunView, closing_line, open_run, read_view, record_lost
 from launcher.wording import plural
 
 MAX_CONCURRENT_READS = 16
@@ -61,6 +61,12 @@ def _data(info: RunInfo) -> dict | None:
     return latest[-1].as_dict() if latest else None
 
 
+def _record(view: RunView, node: str) -> dict | None:
+    """The node's status record, with its rank now (none once it has left)."""
+    record = view.statuses.get(node)
+    return None if record is None else {**record, "rank": view.rank_of(node)}
+
+
 def status(ref: str | None, *, as_json: bool) -> int:
     info = resolve_run(ref)
     view = read_view(info)
@@ -71,7 +77,7 @@ def status(ref: str | None, *, as_json: bool) -> int:
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
                    "result": view.result, "rounds": rounds, "data": data,
-                   "work_dir": info.run_url, "nodes": {n: view.statuses.get(n) for n in info.nodes},
+                   "work_dir": info.run_url, "nodes": {n: _record(view, n) for n in info.nodes},
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
                    "stopped_because_of_it": view.victims()},
                   sys.stdout, indent=2)

@@ -23,6 +23,9 @@ from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo
 from launcher.runs.supervision import console_tail
 
+DEPARTED = ("left", "lost")  # final states of nodes a recovering run went on without
+
+
 @dataclass
 class RunView:
     info: RunInfo
@@ -82,9 +85,12 @@ class RunView:
         return "failed" if "failed" in states or self.lost else "cancelled"
 
     def rank_of(self, node: str) -> int | None:
+        """The node's rank now: none for a node that left the run (scaled down) or was lost while it went on, whose
+        last rank another node may hold since."""
         if self.decision and node in self.decision.get("ranks", {}):
             return self.decision["ranks"][node]
-        return self.statuses.get(node, {}).get("rank")
+        status = self.statuses.get(node, {})
+        return None if status.get("state") in DEPARTED else status.get("rank")
 
     def victims(self) -> list[str]:
         """Nodes stopped because another failed first (their own errors are consequences, not causes)."""
