@@ -101,7 +101,13 @@ def throughput(repeats: int, epochs: int, shard_size: int, hidden: int) -> dict[
         totals = out.get(timeout=600)
         for proc in procs:
             proc.join(timeout=60)
-    return {name: median(values) for name, values in totals.items()}
+    rates = {name: median(values) for name, values in totals.items()}
+    # Each repeat runs the two side by side, so their ratio is steadier than the ratio of medians when other
+    # work on the machine comes and goes.
+    rates["ratio"] = median([e / d for e, d in zip(totals["elastic"], totals["distributed"])])
+    rates["ratio_low"], rates["ratio_high"] = (min(e / d for e, d in zip(totals["elastic"], totals["distributed"])),
+                                               max(e / d for e, d in zip(totals["elastic"], totals["distributed"])))
+    return rates
 
 
 def records_per_second(url: str, count: int) -> float:
@@ -135,7 +141,8 @@ def main() -> None:
               f"{args.shard_size}, median of {args.repeats} x {args.epochs} epochs each:")
         print(f"  DistributedSampler + DataLoader            {rates['distributed']:10.0f} samples/s")
         print(f"  ElasticSampler + ElasticLoader             {rates['elastic']:10.0f} samples/s")
-        print(f"  ratio elastic / distributed                {rates['elastic'] / rates['distributed']:10.3f}")
+        print(f"  ratio elastic / distributed, per repeat    {rates['ratio']:10.3f} (median; "
+              f"{rates['ratio_low']:.3f}-{rates['ratio_high']:.3f})")
 
     from s3server import MotoServer
 

@@ -61,8 +61,6 @@ class SimulatedRank(ElasticSampler):
     group: list["SimulatedRank"]
 
     def _gather(self, value):
-        if isinstance(value, str):  # the start check: every simulated rank loaded the same state
-            return [value] * len(self.group)
         return [rank._run.consumed for rank in self.group]
 
 
@@ -70,6 +68,7 @@ def start_ranks(size: int, world: int, epoch: int, state, batch_size: int):
     group = [SimulatedRank(size, 4, seed=3, rank=r, world_size=world) for r in range(world)]
     for rank in group:
         rank.group = group
+        rank._checked = True  # the start check's collective: every simulated rank loads the same state
         if state is not None:
             rank.load_state_dict(state)
         rank.set_epoch(epoch)

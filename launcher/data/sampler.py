@@ -182,24 +182,28 @@ class ElasticSampler(Sampler[int]):
             return 0
         return self._loaded["epoch"] + (1 if self._loaded.get("complete") else 0)
 
-    def _gather(self, value: Any) -> list[Any]:
-        import torch.distributed as dist
-
+    def _gather(self, value: int) -> list[int]:
+        """Every rank's ``value``: one all_gather of an int64 tensor (on the GPU under nccl)."""
         if self.world_size == 1:
             return [value]
+        import torch
+        import torch.distributed as dist
+
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(f"ElasticSampler with {self.world_size} training processes needs torch.distributed "
                                f"initialized (init_process_group) before its first epoch: the ranks agree on "
                                f"their start and their progress through it")
-        values: list[Any] = [None] * self.world_size
-        dist.all_gather_object(values, value)
-        return values
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        mine = torch.tensor([value], dtype=torch.int64, device=device)
+        values = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(values, mine)
+        return [int(tensor.item()) for tensor in values]
 
     def _check_same_start(self, epoch: int, done: list[Interval]) -> None:
         """Ranks that start from different states would split different rests: some samples twice, some
         never. Checked once per process start (one collective), never per step."""
         self._checked = True
-        digest = hashlib.sha256(json.dumps([epoch, done]).encode()).hexdigest()[:16]
+        digest = int(hashlib.sha256(json.dumps([epoch, done]).encode()).hexdigest()[:15], 16)
         digests = self._gather(digest)
         if len(set(digests)) > 1:
             ranks = [rank for rank, other in enumerate(digests) if other != digests[0]]
