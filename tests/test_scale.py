@@ -19,7 +19,9 @@ from conftest import run_cli
 from launcher import node_names
 from launcher.backends.oci import OciBackend
 from launcher.backends.local.processes import request_nodes, supervisor_problem, write_processes
+from launcher.commands.data import data_progress
 from launcher.commands.scale import plan_change
+from launcher.data.progress import EpochProgress
 from launcher.errors import BackendError
 from launcher.node.rendezvous import Registration
 from launcher.node.rounds import latest_round
@@ -111,7 +113,7 @@ def test_an_elastic_run_grows_to_3_and_shrinks_to_2_while_it_trains(tmp_path, la
     assert re.search(r"^t-worker-1\s+-\s+left\s", run_cli("status", run_id).stdout, re.M)
 
 
-def test_scale_refuses_runs_it_cannot_change(tmp_path, launcher_home):
+def test_scale_refuses_runs_it_cannot_change(tmp_path, launcher_home, monkeypatch, capsys):
     static = write_spec(tmp_path, QUICK_JOB, nodes=1)
     finished = run_cli("run", "-f", str(static), cwd=tmp_path)
     assert finished.returncode == 0, finished.stdout + finished.stderr
@@ -132,6 +134,15 @@ def test_scale_refuses_runs_it_cannot_change(tmp_path, launcher_home):
     assert ended.returncode == 2
     assert f"run {run_id} has ended (succeeded): only a running run can be scaled" in ended.stderr
     assert not (tmp_path / "wd" / run_id / "control" / "scale.json").exists()  # nothing recorded
+
+    # `launcher data` words an ended run as ended (nothing is to come "yet", nothing is "in flight")
+    data = run_cli("data", run_id)
+    assert data.stdout == f"run {run_id} has ended (succeeded) and recorded no epoch of launcher.data.ElasticSampler\n"
+    monkeypatch.setattr("launcher.data.progress.read_progress", lambda store: [EpochProgress(0, "1.0", 4, 2, 1, 1)])
+    assert data_progress(run_id, as_json=False) == 0
+    table = capsys.readouterr().out
+    assert f"run {run_id}: data progress when it ended (succeeded)" in table
+    assert "PARTLY DONE  NOT STARTED" in table and "IN FLIGHT" not in table and "yet" not in table
 
 
 def test_a_backend_that_cannot_scale_says_so(tmp_path):
