@@ -64,6 +64,6 @@ class EpochRun:
         if self.recorder is None or self.rank != 0:
             return
         self.recorder.create(plan_key(self.epoch, self.attempt), {
-            "size": len(self.order), "shard_size": self.shard_size, "world": self.plan.world, "remaining": self.plan.remaining,
-            "shares": [self.plan.share(r) for r in range(self.plan.world)],
+            "size": len(self.order), "shard_size": self.shard_size, "world": self.plan.world,
+            "remaining": self.plan.remaining, "shares": [self.plan.share(r) for r in range(self.plan.world)],
             "batch_size": batch_size, "steps": steps})

@@ -162,8 +162,8 @@ class ElasticSampler(Sampler[int]):
                              f"(this launcher writes version {STATE_VERSION})")
         for name in SETTINGS:
             if state.get(name) != getattr(self, name):
-                raise ValueError(f"ElasticSampler.load_state_dict: the state was saved with {name}={state.get(name)!r}, "
-                                 f"this sampler has {name}={getattr(self, name)!r}; the epoch's order would differ")
+                raise ValueError(f"ElasticSampler.load_state_dict: the state was saved with "
+                                 f"{name}={state.get(name)!r}, this sampler has {name}={getattr(self, name)!r}; the epoch's order would differ")
         if self._run is not None and self._run.epoch == state.get("epoch"):
             raise RuntimeError("ElasticSampler.load_state_dict: epoch already started; load the state before it")
         self._loaded = {**state, "done": normalize(state.get("done", []))}

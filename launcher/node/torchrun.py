@@ -42,7 +42,8 @@ def rank_env(decision: Decision, settings: NodeSettings, processes: int, round_n
         "WORLD_SIZE": str(nnodes * processes),
         "RANK": str(node_rank * processes),
         "LAUNCHER_CHECKPOINT_DIR": os.path.join(settings.outputs_dir, CHECKPOINTS_SUBDIR),
-        # A new number each time the training processes start again in this run (launcher.data keys its progress records by it)
+        # A new number each time the training processes start again in this run (launcher.data keys its
+        # progress records by it)
         "LAUNCHER_ROUND": str(round_number),
     })
     return env
