@@ -14,6 +14,8 @@ import yaml
 from clirun import info_of, run_id_from
 from cluster import write_spec
 from conftest import SEED_004, run_cli
+from launcher.node.outputs import OutputsSync, tidy_temporary
+from launcher.node.store import WorkDir
 
 QUICK = """
 import os, sys
@@ -179,3 +181,17 @@ def test_clean_keeps_local_outputs_the_work_dir_never_got_unless_forced(tmp_path
     assert forced.returncode == 0, forced.stdout
     assert not leftovers.exists() and not (launcher_home / "runs" / run_id).exists()
 
+
+def test_a_nodes_temporary_outputs_go_at_its_end_but_never_files_the_work_dir_did_not_get(tmp_path):
+    directory = tmp_path / "launcher" / "r" / "n" / "outputs"
+    (directory / "checkpoints").mkdir(parents=True)  # what a node that failed before writing anything leaves
+    sync = OutputsSync(WorkDir(str(tmp_path / "wd" / "r")), "n", str(directory))
+    assert tidy_temporary(sync) == [] and not (tmp_path / "launcher" / "r").exists()
+    (directory / "checkpoints").mkdir(parents=True)
+    (directory / "model.pt").write_text("synced")
+    assert sync.sync() == 1
+    (directory / "checkpoints" / "late.pt").write_text("never synced")
+    (directory / "logs").mkdir()
+    assert tidy_temporary(sync) == ["checkpoints/late.pt"]
+    assert (directory / "checkpoints" / "late.pt").exists() and not (directory / "logs").exists()
+    assert sync.sync() == 1 and tidy_temporary(sync) == [] and not (tmp_path / "launcher" / "r").exists()

@@ -124,11 +124,16 @@ def test_a_static_run_with_restarts_resumes_from_its_checkpoint(tmp_path, launch
     ({"maxRestarts": 2}, "not retried (exit status 1 is not in recovery.retryOn): node t-worker-0: rank 1: "
                          "ValueError: bad batch at epoch 3"),
 ])
-def test_a_failure_that_happens_every_time_is_not_retried_forever(tmp_path, launcher_home, recovery, said):
+def test_a_failure_that_happens_every_time_is_not_retried_forever(tmp_path, launcher_home, monkeypatch, recovery,
+                                                                  said):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where the nodes' temporary outputs directories go
+    (tmp_path / "tmp").mkdir()
     spec = write_spec(tmp_path, JOB, nodes=2, extra_cluster={"recovery": recovery},
                       env=[{"name": "FAIL_AT", "value": "3"}])
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=240)
     assert done.returncode == 1, done.stdout[-3000:]
+    # Every file of the outputs the nodes stopped with is in the work dir: nothing is left behind, empty or not
+    assert not (tmp_path / "tmp" / "launcher" / run_id_from(done.stdout)).exists()
     summary = done.stdout[done.stdout.rindex("\nrun "):]
     assert said in summary, summary
     # The headline names the node whose failure stopped the run, not the node that stopped on it; the cause is

@@ -290,8 +290,6 @@ class Node:
         synced = self.sync.sync()
         if synced:
             self.say(f"synced {synced} output files to {self.run.url}/outputs/{settings.node}/")
-        if settings.outputs_temporary:  # every file is in the work dir now
-            outputs_mod.remove_temporary(settings.outputs_dir)
         return self._finish(outcome.state, outcome.reason, outcome.exit_code, details=outcome.details)
 
     def _supervise(self, rank_logs: RankLogs, rounds: Rounds | None, number: int, members: list[str]) -> _Ended:
@@ -523,6 +521,11 @@ class Node:
                 details: dict | None = None) -> int:
         if mark_failed:
             self._mark_failed(state, reason, exit_code, details)
+        if self.settings.outputs_temporary:  # however the node ends: a directory launcher chose is not left behind
+            left = outputs_mod.tidy_temporary(self.sync)
+            if left:
+                self.say(f"the work dir did not get {plural(len(left), 'output file')}; they stay in "
+                         f"{self.settings.outputs_dir}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''}")
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
         self.shipper.flush()  # every log line is in the work dir before the final status says so
         self.status.update(state=state, reason=reason, exit_code=exit_code, **(details or {}))

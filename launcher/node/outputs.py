@@ -31,32 +31,40 @@ class OutputsSync:
         self._uploaded[rel] = (stat.st_size, stat.st_mtime_ns)
         self._restored.add(rel)
 
-    def sync(self) -> int:
-        """Upload what changed since the last sync; return how many files were uploaded."""
-        count = 0
-        if not self.directory.is_dir():
-            return 0
-        for root, dirs, files in os.walk(self.directory):
+    def _files(self) -> list[tuple[str, Path, tuple[int, int]]]:
+        """The directory's files but dot-named ones (in-progress temporaries): each as (path relative to it, path,
+        (size, mtime)), the signature a sync compares."""
+        found = []
+        for root, dirs, files in os.walk(self.directory):  # nothing when there is no directory
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             for name in files:
                 if name.startswith("."):
                     continue
                 path = Path(root, name)
-                rel = path.relative_to(self.directory).as_posix()
                 try:
                     stat = path.stat()
                 except FileNotFoundError:
                     continue  # removed while we walked
-                signature = (stat.st_size, stat.st_mtime_ns)
-                if self._uploaded.get(rel) == signature:
-                    continue
-                try:
-                    self.store.upload(str(path), f"{OUTPUTS_PREFIX}/{self.node}/{rel}")
-                except FileNotFoundError:
-                    continue
-                self._uploaded[rel] = signature
-                self._restored.discard(rel)  # written here since: this node's own now
-                count += 1
+                found.append((path.relative_to(self.directory).as_posix(), path, (stat.st_size, stat.st_mtime_ns)))
+        return found
+
+    def unsynced(self) -> list[str]:
+        """The files the work dir does not hold as they are now."""
+        return [rel for rel, _, signature in self._files() if self._uploaded.get(rel) != signature]
+
+    def sync(self) -> int:
+        """Upload what changed since the last sync; return how many files were uploaded."""
+        count = 0
+        for rel, path, signature in self._files():
+            if self._uploaded.get(rel) == signature:
+                continue
+            try:
+                self.store.upload(str(path), f"{OUTPUTS_PREFIX}/{self.node}/{rel}")
+            except FileNotFoundError:
+                continue
+            self._uploaded[rel] = signature
+            self._restored.discard(rel)  # written here since: this node's own now
+            count += 1
         if count:  # written after the files: a reader never finds a file it lists missing
             manifest = {rel: [size, mtime_ns / 1e9] for rel, (size, mtime_ns) in self._uploaded.items()
                         if rel not in self._restored}
@@ -106,6 +114,20 @@ def _written_times(run: WorkDir) -> dict[str, dict[str, float]]:
             elif manifest:  # listed by no manifest: a copy this node restored in an older version; skip it
                 files[rel] = -1.0
     return by_node
+
+
+def tidy_temporary(sync: OutputsSync) -> list[str]:
+    """At a node's end, its launcher-chosen outputs directory: removed once the work dir holds every file in it
+    (also when there are none: a failed run leaves no empty directories behind); otherwise only its empty
+    directories go, and the files the work dir never got stay. Returns those."""
+    left = sync.unsynced()
+    if not left:
+        remove_temporary(str(sync.directory))
+        return []
+    for root, _, _ in os.walk(sync.directory, topdown=False):  # bottom up: a directory's empty ones go first
+        if not os.listdir(root):
+            os.rmdir(root)
+    return left
 
 
 def remove_temporary(directory: str) -> None:
