@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from launcher.wording import plural
 
@@ -91,11 +91,22 @@ def partition(nodes: int, processes: int | None, gpus: Sequence[str]) -> tuple[l
         return None, None
     per_node = processes if processes is not None else len(gpus) // nodes
     if per_node >= 1 and nodes * per_node <= len(gpus):
-        shares = [",".join(gpus[i * per_node:(i + 1) * per_node]) for i in range(nodes)]
+        shares: list[str] = []
+        for _ in range(nodes):
+            shares.append(free_share(gpus, shares, per_node) or "")  # never None: there are enough
         return shares, f"{plural(len(gpus), 'GPU')} here: {per_node} per node"
     wanted = nodes * (processes or 1)
     return [""] * nodes, (f"{wanted} processes but {plural(len(gpus), 'GPU')}: "
                           "running on CPU")
+
+
+def free_share(gpus: Sequence[str], taken: Iterable[str], size: int) -> str | None:
+    """``size`` of ``gpus`` (their ids, in order) that none of the ``taken`` shares ("0,1") holds, as a
+    CUDA_VISIBLE_DEVICES value; None when fewer are free. How :func:`partition` shares a machine out, and how a
+    node added to a running run (``launcher scale``) gets GPUs beside its nodes."""
+    held = {gpu for share in taken for gpu in share.split(",") if gpu}
+    free = [gpu for gpu in gpus if gpu not in held]
+    return ",".join(free[:size]) if len(free) >= size else None
 
 
 def pins_devices(spec: "Spec") -> bool:

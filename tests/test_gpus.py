@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,10 @@ import yaml
 from clirun import run_id_from
 from cluster import write_spec
 from conftest import run_cli
+from launcher.backends.docker.containers import added_node_spec, gpu_request
 from launcher.gpus import Gpu, accelerator_report, describe, partition, visible_gpus
+from launcher.runs.additions import added_node_gpus, request_nodes, write_added_record
+from launcher.runs.supervision import ProcessRef
 
 FAKE_SMI = """#!/bin/sh
 # A stand-in for nvidia-smi: FAKE_GPU_COUNT GPUs, answering the queries launcher makes.
@@ -141,6 +146,38 @@ def test_docker_nodes_get_the_same_share_as_device_requests(tmp_path, fake_gpus,
     assert [s.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices") for s in services] == \
         [None if ids is None else [{"driver": "nvidia", "device_ids": ids, "capabilities": ["gpu"]}]
          for ids in devices]
+
+
+def test_a_node_added_to_a_running_run_gets_gpus_of_its_own_or_none_saying_so(tmp_path, fake_gpus, capsys):
+    fake_gpus(3)
+    running = {"t-main": "0", "t-worker-0": "1"}
+    assert added_node_gpus("t-worker-1", "1", running) == ("2", None)  # never the GPUs of the node it copies
+    assert added_node_gpus("t-worker-1", "1", {**running, "t-worker-2": "2"}) == \
+        ("", "node t-worker-1 gets no GPU: it would need 1 GPU, and the run's nodes hold the 3 GPUs here (t-main: 0; "
+             "t-worker-0: 1; t-worker-2: 2); its training processes run on CPU")
+    gpus, note = added_node_gpus("t-worker-1", "0,1", {"t-main": "0,1"})  # two wanted, one free: none
+    assert gpus == "" and "it would need 2 GPUs" in note
+    assert added_node_gpus("t-worker-1", None, running) == (None, None)  # the spec pins the devices: left alone
+    assert added_node_gpus("t-worker-1", "", running) == ("", None)  # the run runs on CPU: so does the new node
+    template = {"name": "r-t-worker-0", "environment": {"LAUNCHER_NODE_GROUPS": '[["t-main", 1], ["t-worker", 1]]'},
+                "labels": {}, "device_requests": [gpu_request("1")]}
+    assert added_node_spec(template, "r", "t-worker-1", "2")["device_requests"] == [gpu_request("2")]
+    assert "device_requests" not in added_node_spec(template, "r", "t-worker-1", "")
+    assert added_node_spec(template, "r", "t-worker-1")["device_requests"] == [gpu_request("1")]
+
+    # `launcher scale` shows what the supervisor noted for a node it added
+    write_added_record(tmp_path, "t-worker-1", "", "node t-worker-1 gets no GPU: ...")
+    supervisor = subprocess.Popen([sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGUSR1, "
+                                   "signal.SIG_IGN); print(flush=True); sys.stdin.read()"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        supervisor.stdout.readline()  # it ignores SIGUSR1 from here on
+        assert request_nodes(tmp_path, ProcessRef.of(supervisor.pid), ["t-worker-1"], lambda: ["t-worker-1"], 1.0) \
+            == ["t-worker-1"]
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    assert "note: node t-worker-1 gets no GPU: ...\n" in capsys.readouterr().err
 
 
 def test_a_spec_that_pins_devices_is_left_alone(tmp_path, fake_gpus):

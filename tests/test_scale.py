@@ -31,6 +31,7 @@ from launcher.runs.additions import read_added
 from launcher.runs.recovery import LEAVE, Policy, RoundEnd
 from launcher.runs.state import RunInfo
 from launcher.runs.supervision import ProcessRef
+from test_gpus import fake_gpus  # noqa: F401 - a fixture
 from test_rounds import FAST, NODES, join_all, rounds_of
 
 ELASTIC = {"elastic": {"minNodes": 2, "maxNodes": 3}}
@@ -74,7 +75,8 @@ def world_sizes(lines: list[str]) -> list[int]:
 
 
 @pytest.mark.slow
-def test_an_elastic_run_grows_to_3_and_shrinks_to_2_while_it_trains(tmp_path, launcher_home):
+def test_an_elastic_run_grows_to_3_and_shrinks_to_2_while_it_trains(tmp_path, launcher_home, fake_gpus):
+    fake_gpus(3)  # launcher gives the nodes one each, and the node it adds the one left
     done = tmp_path / "done"
     spec = write_spec(tmp_path, JOB, nodes=2, extra_cluster=ELASTIC, env=[{"name": "DONE", "value": str(done)}])
     started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
@@ -110,6 +112,8 @@ def test_an_elastic_run_grows_to_3_and_shrinks_to_2_while_it_trains(tmp_path, la
     left = json.loads((tmp_path / "wd" / run_id / "status" / "t-worker-1.json").read_text())
     assert left["state"] == "left" and left["exit_code"] == 0, left
     assert status["nodes"]["t-worker-1"]["rank"] is None  # it has none since it left (its last one was 2)
+    gpus = {node: [gpu["index"] for gpu in record["accelerators"]["gpus"]] for node, record in status["nodes"].items()}
+    assert gpus == {"t-main": ["0"], "t-worker-0": ["1"], "t-worker-1": ["2"]}
     assert re.search(r"^t-worker-1\s+-\s+left\s", run_cli("status", run_id).stdout, re.M)
 
 

@@ -146,11 +146,23 @@ def replacement_spec(original: Mapping[str, Any], incarnation: int) -> dict[str,
             "labels": {**original["labels"], INCARNATION_LABEL: str(incarnation)}}
 
 
-def added_node_spec(template: Mapping[str, Any], run_id: str, name: str) -> dict[str, Any]:
+def added_node_spec(template: Mapping[str, Any], run_id: str, name: str, gpus: str | None = None) -> dict[str, Any]:
     """The ``containers.create`` arguments of a node ``launcher scale`` adds: those of the run's last node
-    (``template``: same image, mounts, devices, network), under the new node's name, told groups that hold it."""
+    (``template``: same image, mounts, network), under the new node's name, told groups that hold it; with the
+    host GPUs ``gpus`` ("" none; None: the template's devices)."""
     spec = {**template, "name": f"{run_id}-{name}", "environment": added_node_env(template["environment"], name),
             "labels": {**template["labels"], NODE_LABEL: name}}
     if "hostname" in template:
         spec["hostname"] = hostname(name)
+    if gpus is not None:
+        spec.pop("device_requests", None)
+        if gpus:
+            spec["device_requests"] = [gpu_request(gpus)]
     return spec
+
+
+def gpu_share(spec: Mapping[str, Any]) -> str | None:
+    """The host GPUs a container spec requests ("0,1"), or None when it requests none (launcher chose none, or
+    leaves devices alone)."""
+    requests = spec.get("device_requests") or []
+    return ",".join(requests[0]["DeviceIDs"]) if requests else None

@@ -27,16 +27,17 @@ import sys
 import threading
 import time
 from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from launcher.backends.docker import SUPERVISOR_FILE
-from launcher.backends.docker.containers import NODE_LABEL, RUN_LABEL, added_node_spec, replacement_spec
+from launcher.backends.docker.containers import (NODE_LABEL, RUN_LABEL, added_node_spec, gpu_share,
+                                                 replacement_spec)
 from launcher.backends.docker.launch import describe_exit, remove_run, start_container
 from launcher.dockerengine import api_error_text, connect
 from launcher.fileio import atomic_write
 from launcher.node.status import status_key
 from launcher.node.store import StoreError, WorkDir
-from launcher.runs.additions import ADD_SIGNAL, read_added
+from launcher.runs.additions import ADD_SIGNAL, added_node_gpus, read_added, write_added_record
 from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf, replacement_wanted,
                                        write_exit_record)
 
@@ -107,22 +108,28 @@ class Nodes:
         _say(f"node {name} replaced ({container_id[:12]}, replacement {self.replaced})")
         return True
 
-    def add_requested(self) -> dict[str, str]:
-        """Start the nodes `launcher scale` asked for that were not started yet; return node -> new container."""
+    def add_requested(self, running: Iterable[str]) -> dict[str, str]:
+        """Start the nodes `launcher scale` asked for that were not started yet, each with host GPUs none of the
+        ``running`` nodes holds where launcher gave the nodes GPUs; return node -> new container."""
         import docker.errors
 
         started = {}
+        held = {node: gpu_share(self.specs[node]) or "" for node in running if node in self.specs}
         for name in read_added(self.state_dir):
             if name in self.specs or not self.specs:
                 continue
-            spec = added_node_spec(list(self.specs.values())[-1], self.run_id, name)
+            template = list(self.specs.values())[-1]
+            gpus, note = added_node_gpus(name, gpu_share(template), held)
+            spec = added_node_spec(template, self.run_id, name, gpus)
             try:
                 started[name] = start_container(self.client, spec)
             except docker.errors.DockerException as exc:
                 _say(f"could not add node {name}: the Docker engine refused its container: {api_error_text(exc)}")
                 continue
             self.specs[name] = spec
-            _say(f"node {name} added ({started[name][:12]})")
+            held[name] = gpus or ""
+            write_added_record(self.state_dir, name, gpus, note)
+            _say(f"node {name} added ({started[name][:12]})" + (f"; {note}" if note else ""))
         if started:
             self.containers.update(started)
             record(self.state_dir, self.me, self.containers)
@@ -151,7 +158,7 @@ def main(state_dir: str, run_url: str) -> int:
         while waiting:
             event = inbox.get()
             if event is None:
-                waiting.update(nodes.add_requested())
+                waiting.update(nodes.add_requested(waiting))
                 continue
             if event == STREAM_ENDED:  # the next command that looks takes over (DockerBackend._take_over)
                 raise RuntimeError(f"{STREAM_ENDED} while nodes {', '.join(sorted(waiting))} still ran")

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.errors import BadInput
-from launcher.gpus import node_gpu_shares
+from launcher.gpus import node_gpu_shares, pins_devices
 from launcher.plan import Plan
 from launcher.runs.state import RunInfo, home
 from launcher.spec.model import LocalInfra, Spec
@@ -67,8 +67,13 @@ class LocalBackend(Backend):
         return [{"CUDA_VISIBLE_DEVICES": share} for share in shares], [note] if note else []
 
     def requests(self, plan: Plan) -> list[Request]:
+        """One spawn per node; ``gpus``: the node's share of this machine's GPUs where launcher chose it (its
+        supervisor gives a node `launcher scale` adds one apart from them)."""
         cwd = str(plan.spec.base_dir)
-        return [Request("spawn", node.name, {"argv": list(node.command), "cwd": cwd, "env": dict(node.env)})
+        chosen = not pins_devices(plan.spec)
+        return [Request("spawn", node.name, {"argv": list(node.command), "cwd": cwd, "env": dict(node.env),
+                                             **({"gpus": node.env["CUDA_VISIBLE_DEVICES"]}
+                                                if chosen and "CUDA_VISIBLE_DEVICES" in node.env else {})})
                 for node in plan.nodes]
 
     def dryrun(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> DryRun:

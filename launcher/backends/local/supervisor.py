@@ -16,7 +16,7 @@ from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync, remove_temporary
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import StoreError, WorkDir
-from launcher.runs.additions import ADD_SIGNAL, added_node_env, read_added
+from launcher.runs.additions import ADD_SIGNAL, added_node_env, added_node_gpus, read_added, write_added_record
 from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf,
                                        replacement_wanted, write_exit_record)
 
@@ -92,13 +92,19 @@ class Supervisor:
         return write_processes(self.state_dir, ProcessRef.of(os.getpid()), self.refs)
 
     def add_requested(self) -> None:
-        """Start the nodes `launcher scale` asked for that were not started yet."""
+        """Start the nodes `launcher scale` asked for that were not started yet, each with GPUs of its own where
+        launcher chose the nodes' GPUs."""
         new = [name for name in read_added(self.state_dir) if name not in self.by_name]
         for name in new:
+            running = {node: self.by_name[node].get("gpus", "") for node, _ in self.children.values()}
+            gpus, note = added_node_gpus(name, self.template.get("gpus"), running)
             request = {**self.template, "name": name, "env": added_node_env(self.template["env"], name)}
+            if gpus is not None:
+                request["gpus"] = request["env"]["CUDA_VISIBLE_DEVICES"] = gpus
             self.by_name[name] = request
             pid = self.spawn(request)
-            _say(f"node {name} added (pid {pid})")
+            write_added_record(self.state_dir, name, gpus, note)
+            _say(f"node {name} added (pid {pid})" + (f"; {note}" if note else ""))
         if new:
             self.record()
 
