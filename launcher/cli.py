@@ -163,6 +163,11 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"{args.file}: warning: {warning}", file=sys.stderr)
     nodes = spec.cluster.node_count
     print(f"{args.file}: valid ({plural(nodes, 'node')}, infrastructure {spec.infra_type})")
+    if spec.infra_type == "dataScienceJob":  # what recovery means there depends on the launch mode; no SDK is imported
+        from launcher.backends.oci.notes import recovery_notes
+
+        for note in recovery_notes(spec):
+            print(f"note: {note}")
     return 0
 
 

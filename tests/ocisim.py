@@ -85,11 +85,13 @@ DISCRIMINATED = {"jobConfigurationDetails": "jobType", "jobConfigurationOverride
                  "jobEnvironmentConfigurationOverrideDetails": "jobEnvironmentType",
                  "jobNetworkConfiguration": "jobNetworkType"}
 NAMED = {"jobLogConfigurationDetails": "log", "jobNodeConfigurationDetails": "MULTI_NODE_CONFIG",
+         "jobNodeConfigurationOverrideDetails": "MULTI_NODE_CONFIG",
          "jobShapeConfigDetails": "shape"}
 
 
 # What a JobRun returns of the run's create request (the SDK's JobRun model; GetJobRun, not ListJobRuns).
-OVERRIDES = ("jobConfigurationOverrideDetails", "jobEnvironmentConfigurationOverrideDetails")
+OVERRIDES = ("jobConfigurationOverrideDetails", "jobEnvironmentConfigurationOverrideDetails",
+             "jobNodeConfigurationOverrideDetails")
 
 
 class Refused(Exception):
@@ -190,6 +192,7 @@ class OciSim:
         self.lost_answers: list[tuple[str, str]] = []  # (method, path regex): done, then answered 500 once
         self.created_by_token: dict[str, dict[str, Any]] = {}  # opc-retry-token -> what it created
         self.dying: dict[str, str] = {}  # node name -> "never_starts" | "dies" | "dies_once" (its replacement lives)
+        self.dies_at = " epoch "  # the line of its output at which a dying node is killed
         self.refusals: list[tuple[str, str, int, str]] = []  # (method, path, status, code) of every refused request
         self.served_states: list[tuple[str, str]] = []  # (job run id, lifecycle state) as GET jobRuns/{id} answered
         # Multi-node runs: where the nodes are on the cluster network, and whether the metadata file is held back
@@ -534,7 +537,7 @@ class OciSim:
     def _node_plan(self, run: JobRun) -> list[tuple[str, int, str, dict[str, str], dict[str, Any]]]:
         """(group, NODE_RANK, node label, env, container) per node, as the service would start them."""
         job = run.job
-        multi = job.get("jobNodeConfigurationDetails")
+        multi = _node_configuration(run)
         if multi:
             groups = multi["jobNodeGroupConfigurationDetailsList"]
             plan = []
@@ -553,7 +556,7 @@ class OciSim:
 
     def _execute(self, run: JobRun) -> None:
         plan = self._node_plan(run)
-        multi = bool(run.job.get("jobNodeConfigurationDetails"))
+        multi = bool(_node_configuration(run))
         if multi:
             run.groups = {group: ("CREATING", "") for group, *_ in plan}
         metadata = self.workdir / f"{run.id}-nodes.json"
@@ -644,7 +647,7 @@ class OciSim:
             line = raw.decode(errors="replace").rstrip("\n")
             node.output.append((time.time(), line))
             name = node.env.get("LAUNCHER_NODE_NAME", node.name)
-            if self.dying.get(name) in ("dies", "dies_once") and " epoch " in line:
+            if self.dying.get(name) in ("dies", "dies_once") and self.dies_at in line:
                 if self.dying[name] == "dies_once":
                     del self.dying[name]
                 os.killpg(node.process.pid, signal.SIGKILL)
@@ -693,6 +696,14 @@ class OciSim:
             for at, line in lines[first:first + size]]
         more = {"opc-next-page": str(first + size)} if first + size < len(lines) else {}
         return 200, {"results": results, "summary": {"resultCount": len(results), "fieldCount": 0}}, more
+
+
+def _node_configuration(run: JobRun) -> dict[str, Any] | None:
+    """A multi-node run's nodes: its own override (CreateJobRunDetails.jobNodeConfigurationOverrideDetails, a
+    MultiNodeJobNodeConfigurationDetails in the SDK; the Terraform provider's oci_datascience_job_run documents its
+    node groups and their env), else the job's. The override is taken whole here: how the service combines one with
+    the job's node groups is documented nowhere, and launcher sends every group, so either way starts the same nodes."""
+    return run.body.get("jobNodeConfigurationOverrideDetails") or run.job.get("jobNodeConfigurationDetails")
 
 
 def _parse_time(text: str) -> float:

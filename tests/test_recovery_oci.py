@@ -2,15 +2,18 @@
 
 Per-node mode: a node whose job run fails is given a new job run for it alone (same name, the next
 incarnation), by whichever command observes the failure, once however many observe it at once.
-Native mode: a replica cannot be replaced alone, and the dry-run and run say so.
+Native mode: a replica cannot be replaced alone; a job run that fails is followed by the run's next
+attempt, a new job run whose nodes restore the outputs of the attempts before (launcher.runs.attempts).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -69,22 +72,64 @@ def test_a_lost_node_gets_a_new_job_run_for_it_alone_once_however_many_observe_i
     assert info["backend_ids"]["recovery"]["maxRestarts"] == 2
 
 
-def test_native_mode_says_a_replica_cannot_be_replaced(project):
+def test_each_mode_says_what_recovery_means_in_validate_and_the_dry_run(project):
     spec, env = project
-    dry = run_cli("run", "-f", str(spec), "--dry-run", *RECOVERY, env=env)
-    assert dry.returncode == 0, dry.stderr
-    assert "run would refuse: recovery without elastic needs lost nodes to be replaced, and in launchMode native" \
-        in dry.stdout + dry.stderr
-    refused = run_cli("run", "-f", str(spec), *RECOVERY, env=env)
-    assert refused.returncode != 0 and "which cannot be replaced alone: use launchMode: perNode" in refused.stderr
+    dry = json.loads(run_cli("run", "-f", str(spec), "--dry-run", "--output", "json", *RECOVERY, env=env).stdout)
+    retried = "the nodes of an attempt fail fast and, when the job run fails, the run is retried as a whole, up to 2 " \
+        "restarts: a new job run, its next attempt, whose nodes first restore the newest outputs"
+    assert any(retried in note for note in dry["notes"]) and not any("would refuse" in note for note in dry["notes"])
+    [group] = dry["requests"][0]["body"]["jobNodeConfigurationDetails"]["jobNodeGroupConfigurationDetailsList"]
+    sent = group["jobConfigurationDetails"]["environmentVariables"]  # no rounds: the client retries the run
+    assert "LAUNCHER_RECOVERY" not in sent and json.loads(sent["LAUNCHER_RETRY"])["maxRestarts"] == 2
     elastic = run_cli("run", "-f", str(spec), "--dry-run", "--set",
                       "spec.cluster.spec.elastic={minNodes: 2, maxNodes: 3, maxRestarts: 1}", env=env)
-    assert "in launchMode native a lost replica is not replaced" in elastic.stdout + elastic.stderr
-    assert "run would refuse" not in elastic.stdout + elastic.stderr
+    assert "the others go on down to minNodes 2; when the job run fails all the same, the run is retried as a " \
+        "whole, up to 1 restarts" in elastic.stdout and "would refuse" not in elastic.stdout
     per_node = run_cli("run", "-f", str(spec), "--dry-run", *RECOVERY, *PER_NODE, env=env)
     assert "a lost node (its job run ended before the node reported its end) gets a new job run for it alone, " \
         "up to 2 restarts" in per_node.stdout + per_node.stderr
     assert "run would refuse" not in per_node.stdout + per_node.stderr
+    # validate asks no service: it says the same, and imports no SDK to do so
+    recovering = spec.parent / "recovering.yaml"
+    recovering.write_text(spec.read_text().replace("      workDir:",
+                                                   "      recovery: {maxRestarts: 2}\n      workDir:"))
+    probe = ("import sys\nfrom launcher.cli import main\ncode = main(['validate', '-f', sys.argv[1]])\n"
+             "print('imported oci' if 'oci' in sys.modules else 'no SDK imported')\nsys.exit(code)")
+    valid = subprocess.run([sys.executable, "-c", probe, str(recovering)], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert valid.returncode == 0 and "note: recovery: in launchMode native" in valid.stdout, valid.stdout + valid.stderr
+    assert retried in valid.stdout
+    assert valid.stdout.rstrip().endswith("no SDK imported"), valid.stdout
+
+
+def test_a_native_run_that_loses_a_replica_is_retried_whole_and_resumes_from_its_checkpoint(project, sim):
+    """Static native, maxRestarts 2: the replica of NODE_RANK 2 (worker-1) is killed at its epoch 2. Its peers fail
+    fast, the job run fails, and `run`, following it, starts attempt 2: a new job run of the job, whose nodes restore
+    attempt 1's checkpoints and go on from epoch 3."""
+    spec, env = project
+    sim.dying["PyTorch-Distributed#2"], sim.dies_at = "dies_once", "epoch 2/"
+    done = run_cli("run", "-f", str(spec), "--run-id", "retry-1", *RECOVERY, "--", "--epochs", "3", env=env,
+                   timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    before, started, after = done.stdout.partition("; attempt 2 started, restart 1 of 2: its nodes restore the outputs")
+    assert started, done.stdout
+    assert "run retry-1: attempt 1 ended (node PyTorch-Distributed-worker-1: OCI: node group PyTorch-Distributed " \
+        "failed: Job run artifact execution failed with exit code 137." in before
+    assert re.search(r"rank \d: resumed from epoch-0002.pt \(continuing at epoch 3\)", after), after
+    assert "epoch 1/3" not in after and "epoch 3/3" in after
+    top = "oci://runs@simns/launcher/retry-1"
+    assert f"run retry-1 succeeded; outputs are in {top}/attempts/retry-1.2/outputs/\n  attempt 1: node " \
+        "PyTorch-Distributed-worker-1: OCI: node group" in after
+    [first, second] = sim.runs.values()
+    assert (first.state, second.state, second.job) == ("FAILED", "SUCCEEDED", first.job)
+    [group] = second.body["jobNodeConfigurationOverrideDetails"]["jobNodeGroupConfigurationDetailsList"]
+    sent = group["jobConfigurationDetails"]["environmentVariables"]
+    assert (sent["LAUNCHER_RUN_ID"], json.loads(sent["LAUNCHER_RESTORE_FROM"])) == ("retry-1.2", [top])
+    status = json.loads(run_cli("status", "retry-1", "--json", env=env).stdout)
+    assert status["result"] == "succeeded" and [attempt["number"] for attempt in status["attempts"]] == [2]
+    cause = status["attempts"][0]["cause"]
+    assert (cause["node"], cause["kind"], cause["exit_code"]) == ("PyTorch-Distributed-worker-1", "lost", 137)
+    assert status["nodes"]["PyTorch-Distributed-worker-1"]["state"] == "succeeded"  # in attempt 2
 
 
 # -- what a command does when it observes a lost node, on job runs that only sleep or exit ------------------------
@@ -110,7 +155,8 @@ def sleepers(sim, tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_OCI_ENDPOINT", sim.endpoint)
     monkeypatch.setenv("OCI_CLI_CONFIG_FILE", str(sim.write_config(tmp_path / "oci")))
 
-    def start(dies: int, max_restarts: int, native: bool = False) -> RunInfo:
+    def start(dies: int, max_restarts: int, native: bool = False, rounds: bool = True, sleep: bool = False) -> RunInfo:
+        work = tmp_path / "wd"
         job = {"projectId": "ocid1.datascienceproject.oc1..sim", "compartmentId": COMPARTMENT, "displayName": "s",
                "jobConfigurationDetails": {"jobType": "DEFAULT", "environmentVariables": {}},
                "jobInfrastructureConfigurationDetails": {"jobInfrastructureType": "ME_STANDALONE",
@@ -126,8 +172,9 @@ def sleepers(sim, tmp_path, monkeypatch):
             for node in NODES]
         extra: dict = {}
         if native:  # one job run, its nodes the replicas of one node group; the replica of NODE_RANK 2 dies
-            container = {**job.pop("jobEnvironmentConfigurationDetails"), "cmd": [
-                "python", "-c", "import os, sys; sys.exit(137 if os.environ['NODE_RANK'] == '2' else 0)"]}
+            replica = "import time; time.sleep(120)" if sleep else \
+                "import os, sys; sys.exit(137 if os.environ['NODE_RANK'] == '2' else 0)"
+            container = {**job.pop("jobEnvironmentConfigurationDetails"), "cmd": ["python", "-c", replica]}
             job["jobNodeConfigurationDetails"] = {
                 "jobNodeType": "MULTI_NODE", "startupOrder": "IN_PARALLEL",
                 "jobNetworkConfiguration": {"jobNetworkType": "DEFAULT_NETWORK"},
@@ -135,16 +182,18 @@ def sleepers(sim, tmp_path, monkeypatch):
                     "name": "g", "replicas": 3, "minimumSuccessReplicas": 3,
                     "jobInfrastructureConfigurationDetails": {**job.pop("jobInfrastructureConfigurationDetails"),
                                                               "jobInfrastructureType": "MULTI_NODE"},
-                    "jobConfigurationDetails": job.pop("jobConfigurationDetails"),
+                    "jobConfigurationDetails": {"jobType": "DEFAULT", "environmentVariables": {
+                        "LAUNCHER_RUN_ID": "s", "LAUNCHER_WORK_DIR": str(work)}},
                     "jobEnvironmentConfigurationDetails": container}]}
+            job.pop("jobConfigurationDetails")
             runs = [Request("create_job_run", "s", {"projectId": job["projectId"], "compartmentId": COMPARTMENT,
                                                     "jobId": "<id returned by create_job>", "displayName": "s"})]
             extra = {"mode": "native", "node_groups": {"g": list(NODES)}}
         ids = service.submit(service.data_science({}), "s", [Request("create_job", "s", job), *runs])
-        work = tmp_path / "wd"
-        for node in NODES:
+        for node in NODES:  # without a round: the nodes of a static native attempt, which fail fast
             (work / "s" / "status").mkdir(parents=True, exist_ok=True)
-            (work / "s" / "status" / f"{node}.json").write_text(json.dumps({"state": "running", "round": 0}))
+            (work / "s" / "status" / f"{node}.json").write_text(json.dumps({"state": "running", "round": 0}
+                                                                           if rounds else {"state": "running"}))
         return RunInfo("s", "oci", str(work), list(NODES), "", "", 0.0, path=str(tmp_path / "info.yaml"),
                        backend_ids={**ids, "mode": "perNode", "endpoints": {}, "compartment": COMPARTMENT,
                                     "delete_job": True, "recovery": {"maxRestarts": max_restarts,
@@ -163,24 +212,30 @@ def created_runs(sim) -> list[dict]:
     return [body for method, path, body in sim.requests if method == "POST" and path == "/20190101/jobRuns"]
 
 
-def test_observers_at_once_create_one_replacement_and_cancel_and_clean_up_find_it(sim, sleepers, tmp_path):
-    from launcher.backends.oci import OciBackend
-
-    info = sleepers(dies=1, max_restarts=2)
-    [lost] = [run for run in sim.runs.values() if env_of(run)["LAUNCHER_NODE_NAME"] == "w-1"]
-    assert wait_until(lambda: lost.state == "FAILED", 30)
-    barrier = threading.Barrier(4)
+def observed_at_once(info, commands: int = 4) -> list[dict]:
+    """The fates as ``commands`` commands that ask the service at the same instant see them."""
+    barrier = threading.Barrier(commands)
     seen: list[dict] = []
 
     def observe() -> None:
         barrier.wait()
         seen.append(fates_now(info))
 
-    threads = [threading.Thread(target=observe) for _ in range(4)]
+    threads = [threading.Thread(target=observe) for _ in range(commands)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return seen
+
+
+def test_observers_at_once_create_one_replacement_and_cancel_and_clean_up_find_it(sim, sleepers, tmp_path):
+    from launcher.backends.oci import OciBackend
+
+    info = sleepers(dies=1, max_restarts=2)
+    [lost] = [run for run in sim.runs.values() if env_of(run)["LAUNCHER_NODE_NAME"] == "w-1"]
+    assert wait_until(lambda: lost.state == "FAILED", 30)
+    seen = observed_at_once(info)
     reasons = sorted(fates["w-1"].reason or "" for fates in seen)
     assert all(fates["w-1"].running for fates in seen), reasons  # being replaced: never lost to the run
     assert sum(reason.startswith("replaced by job run") for reason in reasons) == 1, reasons
@@ -243,3 +298,170 @@ def test_a_native_replica_that_died_without_reporting_is_recorded_lost_not_repla
     status = json.loads((tmp_path / "wd" / "s" / "status" / "w-1.json").read_text())
     assert status["state"] == "lost" and (tmp_path / "wd" / "s" / "rounds" / "00000" / "end" / "w-1.lost.json").exists()
     assert len(created_runs(sim)) == 1 and read_view(info).result == "succeeded"
+
+
+# -- native mode: a job run that failed is followed by the run's next attempt, a new job run -------------------------
+def write_statuses(directory: Path, **records: dict) -> None:
+    for node, record in records.items():
+        (directory / "status" / f"{node}.json").write_text(json.dumps(record))
+
+
+LOST_A_PEER = {"state": "failed", "exit_code": 1, "reason": "rank 0: RuntimeError: Connection closed by peer"}
+
+
+def test_a_native_run_whose_job_run_fails_is_retried_whole_once_until_its_restarts_are_spent(sim, sleepers, tmp_path):
+    """Static native: the replica of NODE_RANK 2 exits 137 in every attempt. Commands observing at once start one
+    attempt 2, a job run of the same job whose node groups' env name it; when it fails too, maxRestarts 1 is spent:
+    no attempt 3, and the summary says how each attempt ended."""
+    from launcher.runs.view import closing_line, read_view
+
+    info = sleepers(dies=0, max_restarts=1, native=True, rounds=False)
+    [first] = sim.runs.values()
+    assert wait_until(lambda: first.state == "FAILED", 30)
+    top = tmp_path / "wd" / "s"
+    write_statuses(top, m=LOST_A_PEER, **{"w-0": LOST_A_PEER})  # w-1 died without a word
+    seen = observed_at_once(info)
+    assert all(fate.running for fates in seen for fate in fates.values()), seen
+    [second] = created_runs(sim)[1:]
+    [group] = second["jobNodeConfigurationOverrideDetails"]["jobNodeGroupConfigurationDetailsList"]
+    assert group["jobConfigurationDetails"]["environmentVariables"] == {
+        "LAUNCHER_RUN_ID": "s.2", "LAUNCHER_WORK_DIR": f"{top}/attempts",
+        "LAUNCHER_RESTORE_FROM": json.dumps([str(top)])}
+    assert (second["displayName"], second["jobId"]) == ("s.2", first.job["id"])
+    record = json.loads((top / "attempts" / "2.json").read_text())
+    assert (record["started"], record["restarts"], record["url"]) == (True, 1, f"{top}/attempts/s.2")
+    assert (record["cause"]["node"], record["cause"]["kind"], record["cause"]["exit_code"]) == ("w-1", "lost", 137)
+    assert json.loads((top / "status" / "w-1.json").read_text())["state"] == "failed"  # recorded, as watch does
+    assert info.backend_ids["attempt"]["number"] == 2  # every verb now reads attempt 2's namespace
+
+    [again] = [run for run in sim.runs.values() if run is not first]
+    assert wait_until(lambda: again.state == "FAILED", 30)
+    assert not any(fate.running for fate in fates_now(info).values())  # its nodes wrote nothing: lost, no restart left
+    last = json.loads((top / "attempts" / "3.json").read_text())
+    assert not last["started"] and last["given_up"].startswith("gave up after 1 of 1 restarts: node m: OCI: node group")
+    assert len(created_runs(sim)) == 2 and not fates_now(info)["m"].running and len(created_runs(sim)) == 2
+    view = read_view(info)
+    assert view.result == "failed" and view.statuses["m"]["state"] == "failed"  # attempt 2's records
+    summary = closing_line(view)
+    assert "\n  attempt 1: node w-1: OCI: node group g failed: Job run artifact execution failed with exit code 137." \
+        in summary and "; retried as attempt 2 (restart 1 of 1)\n  attempt 2: gave up after 1 of 1 restarts" in summary
+
+
+@pytest.mark.parametrize("case", ["not retried", "cancelled before", "refused", "cancelled meanwhile", "claim left"])
+def test_an_attempt_that_is_not_started_or_refused_or_cancelled_or_left_half_made(sim, sleepers, tmp_path, capsys,
+                                                                                   case):
+    from launcher.backends.oci import service
+    from launcher.node.control import record_failure, request_cancel
+    from launcher.node.store import WorkDir
+    from launcher.runs.attempts import Attempt
+    from launcher.runs.view import closing_line, read_view
+
+    info = sleepers(dies=0, max_restarts=2, native=True, rounds=False)
+    [first] = sim.runs.values()
+    assert wait_until(lambda: first.state == "FAILED", 30)
+    top = tmp_path / "wd" / "s"
+    write_statuses(top, m=LOST_A_PEER, **{"w-0": LOST_A_PEER})
+    if case == "not retried":  # a failure of its own (exit status 3), and retryOn is [lost]
+        record_failure(WorkDir(str(top)), "m", 0, 3, "rank 0: ValueError: bad batch")
+        stopped = {"state": "failed", "exit_code": 1, "reason": "stopped because node m failed with exit code 3"}
+        write_statuses(top, m={"state": "failed", "exit_code": 3, "reason": "rank 0: ValueError: bad batch"},
+                       **{"w-0": stopped, "w-1": stopped})
+    elif case == "cancelled before":
+        request_cancel(WorkDir(str(top)))
+    elif case == "refused":
+        sim.fail("POST", r"/jobRuns$", 400, "LimitExceeded", "Quota exceeded for shape VM.Standard.E4.Flex")
+    elif case == "cancelled meanwhile":  # a cancel arrives while the command creates the next job run
+        create = sim._create_run
+        sim._create_run = lambda body: request_cancel(WorkDir(str(top))) or create(body)
+    else:  # the command that set out to create attempt 2's job run died before it did
+        cause = {"node": "w-1", "kind": "lost", "reason": "gone", "exit_code": 137, "at": 0.0}
+        (top / "attempts").mkdir()
+        (top / "attempts" / "2.json").write_bytes(Attempt(2, f"{top}/attempts/s.2", cause, True, 1).to_bytes())
+        (top / "attempts" / "2.start.json").write_text(json.dumps({"at": time.time()}))
+        assert all(fate.running for fate in fates_now(info).values()) and len(created_runs(sim)) == 1  # it may yet
+        (top / "attempts" / "2.start.json").write_text(json.dumps({"at": time.time() - 1000}))
+    fates = fates_now(info)
+    record = json.loads((top / "attempts" / "2.json").read_text())
+    if case in ("not retried", "cancelled before"):
+        assert not record["started"] and len(created_runs(sim)) == 1
+        assert record["given_up"] == ("not retried (exit status 3 is not in recovery.retryOn): node m: rank 0: "
+                                      "ValueError: bad batch" if case == "not retried" else
+                                      "not retried: the run was cancelled (cancelled by user)")
+        assert read_view(info).result == "failed"  # a cancel after the failure does not change its cause
+    elif case == "refused":
+        assert not fates["m"].running
+        assert "attempt 2 could not be started: 400 LimitExceeded: Quota" in fates["m"].reason
+        assert "note: attempt 2 of the run could not be started: 400 LimitExceeded" in capsys.readouterr().err
+        assert record["error"].startswith("400 LimitExceeded") and record["job_run"] is None
+        assert not fates_now(info)["m"].running and len(created_runs(sim)) == 1  # not tried again
+        assert "attempt 2 could not be started: 400 LimitExceeded" in closing_line(read_view(info))
+    elif case == "cancelled meanwhile":
+        [second] = [run for run in sim.runs.values() if run is not first]
+        assert (top / "attempts" / "s.2" / "control" / "cancel").exists()  # its nodes stop at once
+        assert f"/20190101/jobRuns/{second.id}/actions/cancelJobRun" in [path for _, path, _ in sim.requests]
+        assert wait_until(lambda: second.state == "CANCELED", 30) and read_view(info).result == "cancelled"
+    else:
+        assert all(fate.running for fate in fates.values()) and record["job_run"] in sim.runs
+        assert len(created_runs(sim)) == 2 and service.token("s", "attempt/2") in sim.created_by_token
+
+
+def test_the_outputs_of_every_earlier_attempt_are_restored_newest_copy_of_each(tmp_path):
+    """Attempt 2 wrote a newer epoch-2 checkpoint and a log; attempt 1's epoch-1 checkpoint, which attempt 2 had
+    restored and not written again, is only in attempt 1's outputs: both come back, each file's newest copy."""
+    from launcher.node.outputs import MANIFEST, OutputsSync, restore_newest
+    from launcher.node.store import WorkDir
+
+    def attempt(name: str, files: dict[str, float]) -> WorkDir:
+        outputs = tmp_path / name / "outputs" / "main"
+        for rel, written in files.items():
+            (outputs / rel).parent.mkdir(parents=True, exist_ok=True)
+            (outputs / rel).write_text(f"{name} {rel}")
+        (outputs / MANIFEST).write_text(json.dumps({rel: [1, written] for rel, written in files.items()}))
+        return WorkDir(str(tmp_path / name))
+
+    first = attempt("a1", {"checkpoints/epoch-1.pt": 10.0, "checkpoints/epoch-2.pt": 20.0})
+    second = attempt("a2", {"checkpoints/epoch-2.pt": 30.0, "log.txt": 31.0})
+    sync = OutputsSync(WorkDir(str(tmp_path / "a3")), "main", str(tmp_path / "node"))
+    assert restore_newest([first, second], sync) == 3
+    restored = {path.relative_to(tmp_path / "node").as_posix(): path.read_text()
+                for path in (tmp_path / "node").rglob("*") if path.is_file()}
+    assert restored == {"checkpoints/epoch-1.pt": "a1 checkpoints/epoch-1.pt",
+                        "checkpoints/epoch-2.pt": "a2 checkpoints/epoch-2.pt", "log.txt": "a2 log.txt"}
+    assert sync.sync() == 0  # restored, not this node's to upload
+
+
+@pytest.mark.parametrize("then", ["its job run ends", "a cancel comes"])
+def test_an_attempt_whose_nodes_all_reported_is_decided_at_once_and_started_once_its_job_run_ended(
+        sim, sleepers, tmp_path, then):
+    """Every node reported its failure (exit status 3, retried: retryOn [failure]) while the job run is still in
+    progress: attempt 2 is decided at once, and every verb follows it, but its job run is created only once the
+    first has ended, so that the two never hold machines together; a cancel before then means it never starts."""
+    from launcher.node.control import record_failure, request_cancel
+    from launcher.node.store import WorkDir
+    from launcher.runs.view import read_view
+
+    info = sleepers(dies=0, max_restarts=1, native=True, rounds=False, sleep=True)
+    info.backend_ids["recovery"]["retryOn"] = ["failure"]
+    [first] = sim.runs.values()
+    assert wait_until(lambda: first.state == "IN_PROGRESS", 30)
+    top = tmp_path / "wd" / "s"
+    record_failure(WorkDir(str(top)), "m", 0, 3, "rank 0: ValueError: bad batch")
+    stopped = {"state": "failed", "exit_code": 1, "reason": "stopped because node m failed with exit code 3"}
+    write_statuses(top, m={"state": "failed", "exit_code": 3, "reason": "rank 0: ValueError: bad batch"},
+                   **{"w-0": stopped, "w-1": stopped})
+    assert all(fate.running for fate in fates_now(info).values())
+    record = json.loads((top / "attempts" / "2.json").read_text())
+    assert record["started"] and record["job_run"] is None and record["cause"]["kind"] == "failure"
+    assert len(created_runs(sim)) == 1 and read_view(info).result == "pending"  # attempt 2's namespace, empty
+    if then == "a cancel comes":
+        request_cancel(WorkDir(f"{top}/attempts/s.2"))
+    sim._cancel(first)  # the first job run ends (its nodes had reported; here it is cancelled)
+    assert wait_until(lambda: first.state == "CANCELED", 30)
+    fates = fates_now(info)
+    record = json.loads((top / "attempts" / "2.json").read_text())
+    if then == "its job run ends":
+        assert all(fate.running for fate in fates.values()) and record["job_run"] in sim.runs
+        assert len(created_runs(sim)) == 2
+    else:
+        assert record["error"] == "the run was cancelled before it started" and len(created_runs(sim)) == 1
+        assert not any(fate.running for fate in fates.values()) and read_view(info).result == "failed"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.errors import EXIT_BACKEND, EXIT_OK, BadInput, LauncherError
+from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo, all_runs, resolve_run
 from launcher.runs.view import open_run, read_view
 from launcher.spec.model import parse_duration
@@ -83,7 +84,8 @@ def _targets(info: RunInfo, work_dir: bool) -> list[tuple[str, Callable[[], None
     if temporary.exists():
         targets.append((str(temporary), lambda: shutil.rmtree(temporary)))
     if work_dir:
-        targets.append((info.run_url, lambda: open_run(info).remove_all()))
+        # The run's whole directory: open_run names only its current attempt's, within it.
+        targets.append((info.run_url, lambda: reading_work_dir(info.run_url).remove_all()))
     targets.append((str(info.state_dir), lambda: shutil.rmtree(info.state_dir)))
     return targets
 

@@ -6,10 +6,12 @@ import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
 from launcher.gpus import describe
 from launcher.node.rounds import grouped_history
+from launcher.runs import attempts
 from launcher.runs.state import RunInfo, all_runs, resolve_run
 from launcher.runs.view import RunView, closing_line, open_run, read_view, record_lost
 from launcher.wording import plural
@@ -76,7 +78,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
     data = _data(info)
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
-                   "result": view.result, "rounds": rounds, "data": data,
+                   "result": view.result, "attempts": [asdict(attempt) for attempt in view.attempts],
+                   "rounds": rounds, "data": data,
                    "work_dir": info.run_url, "nodes": {n: _record(view, n) for n in info.nodes},
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
                    "stopped_because_of_it": view.victims()},
@@ -94,6 +97,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
                          _age(record.get("updated_at")), record.get("reason") or ""])
         origin = "" if info.recorded else "; not recorded here: its work dir's view"
         print(f"run {info.run_id} ({info.backend}{origin}): {view.result}")
+        if not view.ended:  # once it has, the closing line says how each attempt ended
+            print("".join(f"  {line}\n" for line in attempts.history(info, view.attempts)), end="")
         if rounds:
             history = "".join(f"\n  {line}" for line in grouped_history(rounds["history"]))
             print(f"round {rounds['round']}: members {', '.join(rounds['members']) or '-'}; "

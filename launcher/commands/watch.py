@@ -17,6 +17,7 @@ from launcher.backends import backend_for
 from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, BadInput
 from launcher.node.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
+from launcher.runs.attempts import current_url, started_line
 from launcher.runs.state import RunInfo, resolve_run
 from launcher.runs.view import RunView, closing_line, open_run, read_view, record_lost
 
@@ -212,6 +213,10 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
     while True:
         if time.monotonic() >= next_view:
             view = read_view(info, follower.run, backend)
+            if current_url(info) != follower.run.url:  # the run was started again, as a new attempt
+                follower.poll(final=True)  # the last lines of the attempt that ended
+                out.write(started_line(info) + "\n")
+                follower, states = LogFollower(info, out, nodes=nodes, verbose=verbose), {}
             record_lost(view, follower.run)
             if show_states:
                 follower.state_changes(view, states)

@@ -156,8 +156,7 @@ class Node:
         decision = await_decision(self.run, me, settings.nodes, timeout=settings.rendezvous_timeout,
                                   progress=self._progress)
         self._start_round(decision)
-        if settings.resume_from:
-            self._restore(WorkDir(settings.resume_from))
+        self._restore(0)
         return self._conclude(self._train(decision))
 
     def _start_round(self, decision: Decision, number: int | None = None, restarts: int = 0) -> None:
@@ -197,8 +196,7 @@ class Node:
             self._start_round(current.decision, number, current.restarts)
             if current.history:
                 self.say(f"round {number} after {current.history[-1]}: {self._members_text(current, rounds.policy)}")
-            if number > 0 or settings.resume_from:
-                self._restore(WorkDir(settings.resume_from) if number == 0 else self.run, required=number == 0)
+            self._restore(number)
             outcome = self._train(current.decision, rounds, number)
             if not outcome.next_round:
                 return self._conclude(outcome)
@@ -245,14 +243,21 @@ class Node:
         timing = f" after {waited:.0f}s of {self.settings.rendezvous_timeout:g}s" if waited >= 1 else ""
         self.say(f"{len(registered)}/{plural(total, 'node')} registered{timing}{waiting}")
 
-    def _restore(self, source: WorkDir, required: bool = True) -> None:
-        """The newest copy of every output file of ``source`` (an earlier run, or this one at a new round)."""
-        count = outputs_mod.restore_newest(source, self.sync)
-        if count == 0 and required:
-            raise NothingToResume(f"nothing to resume: {source.url}/{outputs_mod.OUTPUTS_PREFIX}/ holds no outputs")
+    def _restore(self, number: int) -> None:
+        """Before training in round ``number`` (0 outside rounds): the newest copy of every output file of the runs
+        this one continues (``--resume-from``, the earlier attempts of a run retried whole) and, from round 1 on,
+        of this run itself."""
+        settings = self.settings
+        sources = [WorkDir(url) for url in settings.earlier_runs] + ([self.run] if number > 0 else [])
+        if not sources:
+            return
+        count = outputs_mod.restore_newest(sources, self.sync)
+        if count == 0 and number == 0 and settings.resume_from:
+            raise NothingToResume(f"nothing to resume: {settings.resume_from}/{outputs_mod.OUTPUTS_PREFIX}/ holds "
+                                  "no outputs")
         if count:
-            self.say(f"restored {count} output files (the newest copy of each) of {source.url} into "
-                     f"{self.settings.outputs_dir}")
+            self.say(f"restored {count} output files (the newest copy of each) of "
+                     f"{', '.join(source.url for source in sources)} into {settings.outputs_dir}")
 
     def _train(self, decision: Decision, rounds: Rounds | None = None, number: int = 0) -> _Outcome:
         """One torchrun run with ``decision``; in a recovering run it also ends when the round does."""

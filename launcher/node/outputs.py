@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 from launcher.node.store import WorkDir
 
@@ -72,22 +73,24 @@ class OutputsSync:
         return count
 
 
-def restore_newest(run: WorkDir, sync: OutputsSync) -> int:
-    """Bring the newest copy of every output file any node of ``run`` synced into this node's outputs dir.
+def restore_newest(runs: Sequence[WorkDir], sync: OutputsSync) -> int:
+    """Bring the newest copy of every output file any node of ``runs`` synced into this node's outputs dir.
 
     For each path the copy written last wins, by the time the file was written (each node's
     manifest), never an older one because another node holds more files; so a checkpoint rank 0
     wrote reaches every node, and each rank's own files come back to whichever node now has that
-    rank. A local file as new stays. Restored files count as synced: they are not uploaded again
-    as this node's outputs, nor listed in its manifest.
+    rank. Across several runs (the attempts of a run retried whole, each holding only what its own
+    nodes wrote) the newest copy wins the same way. A local file as new stays. Restored files count
+    as synced: they are not uploaded again as this node's outputs, nor listed in its manifest.
     """
-    newest: dict[str, tuple[float, str]] = {}  # path in a node's outputs -> (written at, key)
-    for node, written_at in _written_times(run).items():
-        for rel, written in written_at.items():
-            if written > newest.get(rel, (-1.0, ""))[0]:
-                newest[rel] = (written, f"{OUTPUTS_PREFIX}/{node}/{rel}")
+    newest: dict[str, tuple[float, WorkDir, str]] = {}  # path in a node's outputs -> (written at, run, key)
+    for run in runs:
+        for node, written_at in _written_times(run).items():
+            for rel, written in written_at.items():
+                if rel not in newest or written > newest[rel][0]:
+                    newest[rel] = (written, run, f"{OUTPUTS_PREFIX}/{node}/{rel}")
     count = 0
-    for rel, (written, key) in sorted(newest.items()):
+    for rel, (written, run, key) in sorted(newest.items(), key=lambda item: item[0]):
         target = sync.directory / rel
         if target.exists() and target.stat().st_mtime >= written:
             continue

@@ -39,10 +39,16 @@ class NodeSettings:
     hang_timeout: float | None  # seconds without a line from any training process, then the run fails
     resume_from: str | None
     incarnation: int = 0  # 0: the node as first started; n: its n-th replacement (same name)
+    restore_from: tuple[str, ...] = ()  # a run retried whole: its earlier attempts (launcher.runs.attempts)
 
     @property
     def run_url(self) -> str:
         return f"{self.work_dir.rstrip('/')}/{self.run_id}"
+
+    @property
+    def earlier_runs(self) -> tuple[str, ...]:
+        """The runs whose outputs this one continues: ``--resume-from``'s, and a retried run's earlier attempts."""
+        return ((self.resume_from,) if self.resume_from else ()) + self.restore_from
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
@@ -86,6 +92,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
             recovery=json.loads(env["LAUNCHER_RECOVERY"]) if env.get("LAUNCHER_RECOVERY") else None,
             incarnation=int(env.get("LAUNCHER_NODE_INCARNATION") or incarnation),
             resume_from=env.get("LAUNCHER_RESUME_FROM") or None,
+            restore_from=tuple(str(url) for url in json.loads(env.get("LAUNCHER_RESTORE_FROM") or "[]")),
         )
     except (ValueError, TypeError) as exc:
         raise SettingsError(f"malformed LAUNCHER_* variable: {exc}") from None

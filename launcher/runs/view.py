@@ -19,6 +19,7 @@ from launcher.node.control import CANCEL, CONTROL_PREFIX, LIMIT, node_label, rec
 from launcher.node.rendezvous import DECISION_KEY
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
+from launcher.runs.attempts import Attempt, current_url, history
 from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo
 from launcher.runs.supervision import console_tail
@@ -52,6 +53,13 @@ class RunView:
                           "console_log": fate.console_log,
                           "last_output": list(fate.last_output[-5:]) or console_tail(fate.console_log)}
         return lost
+
+    @functools.cached_property
+    def attempts(self) -> list[Attempt]:
+        """The run's attempts after the first (a run retried whole: :mod:`launcher.runs.attempts`)."""
+        from launcher.runs.attempts import read
+
+        return read(reading_work_dir(self.info.run_url))
 
     @property
     def never_started(self) -> bool:
@@ -115,17 +123,22 @@ class RunView:
 
 
 def open_run(info: RunInfo) -> WorkDir:
-    """The run's work dir as the client's verbs use it: an unreachable store fails them within seconds."""
-    return reading_work_dir(info.run_url)
+    """The run's work dir as the client's verbs use it (after a whole-run retry, its current attempt's namespace):
+    an unreachable store fails them within seconds."""
+    return reading_work_dir(current_url(info))
 
 
-def read_view(info: RunInfo, run: WorkDir | None = None, backend: Backend | None = None) -> RunView:
+def read_view(info: RunInfo, run: WorkDir | None = None, backend: Backend | None = None,
+              fates: dict[str, NodeFate] | None = None) -> RunView:
+    """The run as its work dir and its backend (or ``fates``, what the backend said a moment ago) show it."""
     from launcher.backends import backend_for
 
     # The backend is asked first: a node that wrote its final status and then exited is seen final.
     # A run opened from its work dir alone has no process facts on this machine to ask for.
-    fates = (backend or backend_for(info.backend, "local")).node_fates(info) if info.recorded else {}
-    run = run or open_run(info)
+    if fates is None:
+        fates = (backend or backend_for(info.backend, "local")).node_fates(info) if info.recorded else {}
+    if run is None or run.url != current_url(info):  # the backend may have seen a new attempt begin
+        run = open_run(info)
     statuses = {}
     for name in info.nodes:
         statuses[name] = run.get_record(status_key(name))
@@ -168,6 +181,11 @@ def record_lost(view: RunView, run: WorkDir) -> None:
 
 
 def closing_line(view: RunView) -> str:
+    """The run's result and its cause; after whole-run retries, how each attempt ended too."""
+    return _result_line(view) + "".join(f"\n  {line}" for line in history(view.info, view.attempts))
+
+
+def _result_line(view: RunView) -> str:
     result = view.result
     run_id = view.info.run_id
     if result == "failed":
@@ -189,7 +207,7 @@ def closing_line(view: RunView) -> str:
             line += f"\n  also failed: {node_label(other.get('node'))}: {other.get('reason')}"
         return line
     if result == "succeeded":
-        return f"run {run_id} succeeded; outputs are in {view.info.run_url}/outputs/"
+        return f"run {run_id} succeeded; outputs are in {current_url(view.info)}/outputs/"
     if result == "cancelled" and view.cancel:
         return f"run {run_id} cancelled: {view.cancel.get('reason', 'by user')}"
     return f"run {run_id} {result}"

@@ -11,10 +11,12 @@ import datetime
 import json
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.backends.oci import bodies, logs
+from launcher.backends.oci.notes import recovery_notes
 from launcher.errors import BadInput
 from launcher.node.ocicluster import NETWORK_ENDPOINT, SUBNET
 from launcher.ociauth import NODE_OBJECT_STORAGE_ENDPOINT, endpoint
@@ -36,6 +38,10 @@ SERVICE_POLL_SECONDS = 10.0
 # The main's port where the spec sets none: the port ADS and its documentation use for PyTorch, so the
 # security lists written for ADS jobs let it through (the spec's `port` still decides; 0: a free one).
 DEFAULT_PORT = 29400
+RECOVERY = "LAUNCHER_RECOVERY"  # the policy, which makes the nodes train in membership rounds
+# Native static runs: the policy the client applies between attempts. Their nodes fail fast: with no replica
+# replaced alone, a round could never be complete again after a loss (see .attempts).
+RETRY = "LAUNCHER_RETRY"
 
 
 class OciBackend(Backend):
@@ -64,6 +70,14 @@ class OciBackend(Backend):
         record = records.load(spec.source)
         return bodies.ocir_reference(record.tag, record.pushed) if record else None
 
+    def plan(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> tuple[Plan, list[str]]:
+        plan, notes = super().plan(spec, run_id=run_id, resume_from=resume_from)
+        if bodies.launch_mode(_infra(spec)) != "native" or spec.cluster.elastic or not spec.cluster.recovery:
+            return plan, notes
+        nodes = tuple(replace(node, env={(RETRY if name == RECOVERY else name): value
+                                         for name, value in node.env.items()}) for node in plan.nodes)
+        return replace(plan, nodes=nodes), notes
+
     def requests(self, plan: Plan) -> list[Request]:
         return bodies.requests(plan, _infra(plan.spec))
 
@@ -71,25 +85,13 @@ class OciBackend(Backend):
         request = super().dryrun(spec, run_id=run_id, resume_from=resume_from)
         mode = bodies.launch_mode(_infra(spec))
         notes = (f"launch mode {mode}: " + (_layout(request.plan) if mode == "native" else "one job run per node"),)
-        notes += _recovery_notes(spec, mode)
+        notes += recovery_notes(spec)
         notes += tuple(f"run would refuse: {problem}" for problem in self._problems(request))
         return DryRun(request.backend, request.plan, request.requests, request.notes + notes)
-
-    def replacement_problem(self, spec: Spec) -> str | None:
-        """Per-node runs replace a lost node with a new job run; a native run's replicas cannot be replaced one
-        by one, so a static recovering run is refused there."""
-        if not spec.cluster.recovery or spec.cluster.elastic or bodies.launch_mode(_infra(spec)) == "perNode":
-            return None
-        return ("recovery without elastic needs lost nodes to be replaced, and in launchMode native OCI runs every "
-                "node as a replica of one job run, which cannot be replaced alone: use launchMode: perNode (with "
-                "subnetId; a lost node gets a new job run), or add elastic: {minNodes, maxNodes} (the run goes on "
-                "without the lost replica)")
 
     def _problems(self, dryrun: DryRun) -> list[str]:
         infra = _infra(dryrun.plan.spec)
         problems = bodies.limit_problems(dryrun.plan)
-        if (replacement := self.replacement_problem(dryrun.plan.spec)) is not None:
-            problems.append(replacement)
         if bodies.launch_mode(infra) == "perNode" and len(dryrun.plan.nodes) > 1 and not infra.subnet_id:
             problems.append("per-node job runs reach each other only on a subnet of yours: set subnetId, or use "
                             "launchMode: native")
@@ -114,7 +116,8 @@ class OciBackend(Backend):
         mode = bodies.launch_mode(infra)
         groups = {group.name: [node.name for node in group.nodes] for group in bodies.node_groups(dryrun.plan)} \
             if mode == "native" else {}
-        recovery = dryrun.plan.nodes[0].env.get("LAUNCHER_RECOVERY")
+        env = dryrun.plan.nodes[0].env
+        recovery = env.get(RECOVERY) or env.get(RETRY)
         return {**ids, "mode": mode, "node_groups": groups, "endpoints": dict(infra.endpoints),
                 "compartment": infra.compartment_id, "delete_job": infra.delete_job,
                 "recovery": json.loads(recovery) if recovery else None}
@@ -140,22 +143,31 @@ class OciBackend(Backend):
             return {}
         if ids.get("mode") == "perNode":
             return self._per_node_fates(info, client)
-        runs = _read_runs(client, ids)
+        if ids.get("recovery"):
+            from launcher.backends.oci import attempts
+
+            return attempts.native_fates(self, info, client)
+        return self.native_fates(info, client, next(iter(ids["job_runs"].values())), None)[1]
+
+    def native_fates(self, info: RunInfo, client: Any, job_run: str, work: Any) -> tuple[Any, dict[str, NodeFate]]:
+        """The job run ``job_run`` of a native run as the service sees it, and each node's fate in it; in a
+        recovering run (``work``: the namespace of its nodes), a replica that died without reporting is recorded
+        lost, as its round's end (a replica is not replaced alone)."""
+        ids = info.backend_ids
+        runs = _read_runs(client, {**ids, "job_runs": {info.run_id: job_run}})
         [run] = runs.values() if runs else [None]
         if run is None:
-            return {}
+            return None, {}
         groups = {group.name: group for group in run.node_group_details_list or []}
         holder = {node: name for name, nodes in (ids.get("node_groups") or {}).items() for node in nodes}
         fates = {node: _fate(run, groups.get(holder.get(node, ""))) for node in info.nodes}
         fates = self._with_logs(info, fates, run, client)  # one search for the run: its nodes share its log
-        work = _recovering_work_dir(info)
         if work is None:
-            return fates
+            return run, fates
         from launcher.backends.oci import incarnations
 
-        # A replica is not replaced alone: one that died without reporting is recorded lost, as its round's end.
-        return incarnations.recover(work, client, info.run_id, ids["recovery"], {node: run for node in fates}, fates,
-                                    incarnations.read(work), replaceable=False)
+        return run, incarnations.recover(work, client, info.run_id, ids["recovery"], {node: run for node in fates},
+                                         fates, incarnations.read(work), replaceable=False)
 
     def _per_node_fates(self, info: RunInfo, client: Any) -> dict[str, NodeFate]:
         """Each node's fate from the job run of its newest incarnation; in a recovering run, lost nodes are
@@ -175,8 +187,6 @@ class OciBackend(Backend):
         """The run's nodes that ended, with its last lines from OCI Logging (searched only when some node
         ended and the run did not succeed), for a node that may have written nothing to the work dir; where
         Logging has none, the reason says why."""
-        from dataclasses import replace
-
         ended = [node for node, fate in fates.items() if not fate.running]
         if not ended or run.lifecycle_state == "SUCCEEDED":
             return fates
@@ -206,7 +216,7 @@ class OciBackend(Backend):
 
     def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
         """With ``deleteJob: true``: delete the job (and its runs) once the run is seen to end."""
-        from launcher.backends.oci import incarnations, service
+        from launcher.backends.oci import service
         from launcher.errors import LauncherError
         from launcher.runs import state
 
@@ -217,9 +227,7 @@ class OciBackend(Backend):
             client = service.data_science(ids.get("endpoints") or {})
         except LauncherError:  # no credentials here: the job stays, and a later watch or cancel tries again
             return []
-        work = _recovering_work_dir(info)
-        every = incarnations.every_run(ids.get("job_runs") or {}, incarnations.read(work) if work else {})
-        outcome = service.cleanup(client, ids["job"], every)
+        outcome = service.cleanup(client, ids["job"], _every_run(info))
         if outcome.startswith("could not"):
             print(f"note: {outcome}", file=sys.stderr)
             return []
@@ -228,15 +236,14 @@ class OciBackend(Backend):
         return [f"job {ids['job']}"]
 
     def stop(self, info: RunInfo, grace: float) -> list[str]:
-        from launcher.backends.oci import incarnations, service
+        from launcher.backends.oci import service
 
         ids = info.backend_ids
         if not ids.get("job_runs"):
             return []
         client = service.data_science(ids.get("endpoints") or {})
         deadline = time.monotonic() + grace
-        work = _recovering_work_dir(info)
-        current = {**ids, "job_runs": incarnations.current(ids["job_runs"], incarnations.read(work) if work else {})}
+        current = {**ids, "job_runs": _current_runs(info)}
         runs = _read_runs(client, current)
         # The nodes saw the cancel marker; give them the grace to end (polling the service: no events).
         while time.monotonic() < deadline and not all(run.lifecycle_state in service.TERMINAL
@@ -246,21 +253,6 @@ class OciBackend(Backend):
         forced = service.cancel(client, runs)
         self.release(info)
         return forced
-
-
-def _recovery_notes(spec: Spec, mode: str) -> tuple[str, ...]:
-    """What recovery means on OCI in this launch mode."""
-    cluster = spec.cluster
-    if not cluster.recovery:
-        return ()
-    if mode == "perNode":
-        return (f"recovery: a lost node (its job run ended before the node reported its end) gets a new job run "
-                f"for it alone, up to {cluster.recovery.max_restarts} restarts, created by whichever launcher "
-                "command is following or asked about the run (run, watch, status); the other job runs keep running",)
-    if cluster.elastic:
-        return ("recovery: in launchMode native a lost replica is not replaced (the service starts a job run's "
-                f"replicas together, not one alone); the others go on down to minNodes {cluster.elastic.min_nodes}",)
-    return ()
 
 
 def _layout(plan: Plan) -> str:
@@ -277,6 +269,26 @@ def _recovering_work_dir(info: RunInfo) -> Any:
     from launcher.runs.preflight import reading_work_dir
 
     return reading_work_dir(info.run_url) if info.backend_ids.get("recovery") else None
+
+
+def _current_runs(info: RunInfo) -> dict[str, str]:
+    """target -> the job run that runs it now: per node, its newest incarnation's; else the current attempt's."""
+    from launcher.backends.oci import attempts, incarnations
+
+    if info.backend_ids.get("mode") != "perNode":
+        return attempts.current_runs(info)
+    work = _recovering_work_dir(info)
+    return incarnations.current(info.backend_ids["job_runs"], incarnations.read(work) if work else {})
+
+
+def _every_run(info: RunInfo) -> list[str]:
+    """Every job run the run has had: per node, every incarnation's; else every attempt's."""
+    from launcher.backends.oci import attempts, incarnations
+
+    if info.backend_ids.get("mode") != "perNode":
+        return attempts.every_run(info)
+    work = _recovering_work_dir(info)
+    return incarnations.every_run(info.backend_ids.get("job_runs") or {}, incarnations.read(work) if work else {})
 
 
 def _read_runs(client: Any, ids: dict[str, Any]) -> dict[str, Any]:
