@@ -26,10 +26,13 @@ def remaining_positions(draw):
 @given(positions=remaining_positions(), world=st.integers(1, 6), batch_size=st.integers(1, 9))
 def test_every_rank_takes_the_same_number_of_steps_over_disjoint_stretches_that_cover_the_rest(
         positions, world, batch_size):
-    _, remaining = positions
-    plan = Plan(remaining, world)
-    if 0 < total(remaining) < world:
-        with pytest.raises(TooFewSamples, match=f"{total(remaining)} samples of this epoch are left for {world}"):
+    size, remaining = positions
+    plan = Plan(remaining, world, size)
+    left = total(remaining)
+    if 0 < left < world:
+        said = (f"the dataset has {left} samples for {world} training processes" if left == size else
+                f"{left} samples of this epoch are left for {world} training processes")
+        with pytest.raises(TooFewSamples, match=said):
             plan.steps(batch_size)
         return
     steps = plan.steps(batch_size)
@@ -41,8 +44,7 @@ def test_every_rank_takes_the_same_number_of_steps_over_disjoint_stretches_that_
         if steps * batch_size >= count:
             assert max(sizes, default=0) <= batch_size
         covered += plan.trained(rank, count)
-    assert normalize(covered) == remaining and total(covered) == total(remaining)  # no position twice
-    left = total(remaining)
+    assert normalize(covered) == remaining and total(covered) == left  # no position twice
     assert steps == min(-(-left // (world * batch_size)), left // world)  # as few as batch_size allows
 
 

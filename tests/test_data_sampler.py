@@ -108,10 +108,10 @@ def test_a_complete_epoch_is_skipped_and_resuming_starts_where_the_state_left_of
     state = sampler.state_dict()
     resumed = ElasticSampler(N, SHARD)
     resumed.load_state_dict(state)
-    assert list(resumed.epochs(end=3)) == [1, 2]
+    assert [epoch for epoch in resumed.epochs(end=3) if list(resumed)] == [1, 2]
     resumed = ElasticSampler(N, SHARD)
     resumed.load_state_dict(state)
-    assert list(resumed.epochs(start=0, end=2)) == [1]
+    assert [epoch for epoch in resumed.epochs(start=0, end=2) if list(resumed)] == [1]
 
 
 def test_many_processes_need_a_process_group_and_the_loader():
@@ -137,8 +137,36 @@ def test_fewer_samples_left_than_ranks_is_refused_with_what_to_do():
     sampler = ElasticSampler(N, SHARD, shuffle=False, rank=0, world_size=2)
     sampler.load_state_dict(state)
     sampler._checked = True
-    with pytest.raises(TooFewSamples, match="1 samples of this epoch are left for 2 training processes"):
-        sampler.steps(BATCH)
+    sampler.set_epoch(0)
+    with pytest.raises(TooFewSamples, match="epoch 0: 1 samples of this epoch are left for 2 training processes "
+                                            r"\(the checkpoint holds the other 49 as trained\).*at most 1 process"):
+        next(sampler.batches(BATCH))
+    tiny = ElasticSampler(2, SHARD, rank=0, world_size=3)
+    tiny._checked = True
+    with pytest.raises(TooFewSamples, match="the dataset has 2 samples for 3 training processes.*at most 2"):
+        next(tiny.batches(BATCH))
+
+
+def test_a_second_pass_without_a_new_epoch_is_refused_and_leaving_early_is_said():
+    sampler = ElasticSampler(N, SHARD)
+    loader = ElasticLoader(Indices(N), batch_size=BATCH, sampler=sampler)
+    with pytest.warns(UserWarning, match="epoch 0 ended with 46 of this rank's 50 samples untrained"):
+        for _ in sampler.epochs(end=1):
+            next(iter(loader))
+    with pytest.raises(RuntimeError, match="epoch 0 was already iterated; call sampler.set_epoch"):
+        list(loader)
+
+
+def test_a_second_sampler_recording_in_the_same_run_is_named(tmp_path):
+    first, second = ElasticSampler(N, SHARD, work_dir=str(tmp_path)), ElasticSampler(7, SHARD, work_dir=str(tmp_path))
+    for _ in first.epochs(end=1):
+        list(first)
+    with pytest.warns(UserWarning, match=r"another ElasticSampler \(of 50 samples, not 7\).*records=False"):
+        for _ in second.epochs(end=1):
+            list(second)
+    quiet = ElasticSampler(7, SHARD, work_dir=str(tmp_path), records=False)
+    for _ in quiet.epochs(end=1):
+        assert len(list(quiet)) == 7
 
 
 def test_a_state_of_other_settings_is_refused():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from launcher.data.plan import Plan
+from launcher.data.plan import Plan, TooFewSamples
 from launcher.data.records import Recorder, plan_key, progress_key
 
 
@@ -23,6 +23,7 @@ class EpochRun:
         self.steps = 0  # batches the loop received (ElasticLoader)
         self.consumed = 0  # indices the loop trained
         self.counted = False  # consumption is counted by the loop, not assumed from what was handed out
+        self.iterated = False
         if recorder is not None:
             recorder.watch(progress_key(epoch, attempt, rank), lambda: {"consumed": self.consumed, "of": self.count})
 
@@ -32,6 +33,7 @@ class EpochRun:
     def indices(self) -> Iterator[int]:
         """This rank's indices one by one (a DataLoader with ``sampler=``, one process): what is handed out
         counts as trained, which is exact when the DataLoader has no workers to prefetch."""
+        self._start_iterating()
         self._record_plan()
         for index in self._indices():
             self.handed_out += 1
@@ -41,14 +43,24 @@ class EpochRun:
 
     def batches(self, batch_size: int) -> Iterator[list[int]]:
         """This rank's indices in batches, as many as every other rank gets (ElasticLoader)."""
+        self._start_iterating()
         self.counted = True
-        sizes = self.plan.batches(self.rank, batch_size)
+        try:
+            sizes = self.plan.batches(self.rank, batch_size)
+        except TooFewSamples as exc:
+            raise TooFewSamples(f"ElasticSampler, epoch {self.epoch}: {exc}") from None
         self._record_plan(batch_size, len(sizes))
         indices = self._indices()
         for size in sizes:
             self.sizes.append(size)
             start, self.handed_out = self.handed_out, self.handed_out + size
             yield indices[start:start + size]
+
+    def _start_iterating(self) -> None:
+        if self.iterated:
+            raise RuntimeError(f"ElasticSampler: epoch {self.epoch} was already iterated; call sampler.set_epoch() "
+                               f"with the next epoch (or loop over sampler.epochs(...)) before iterating again")
+        self.iterated = True
 
     def note_batch(self) -> None:
         """The loop received the next batch handed out."""

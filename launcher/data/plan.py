@@ -37,6 +37,7 @@ def batch_sizes(count: int, steps: int) -> list[int]:
 class Plan:
     remaining: list[Interval]  # the epoch's untrained positions, in order
     world: int
+    size: int  # the epoch's positions, trained or not
 
     @property
     def left(self) -> int:
@@ -52,11 +53,16 @@ class Plan:
         left = self.left
         if left == 0:
             return 0
+        if left < self.world and left == self.size:
+            raise TooFewSamples(
+                f"the dataset has {left} samples for {self.world} training processes: every process needs at least "
+                f"one sample per step. Train it with at most {left} processes")
         if left < self.world:
             raise TooFewSamples(
-                f"{left} samples of this epoch are left for {self.world} training processes: every process must "
-                f"take the same number of steps with at least one sample each. Resume this epoch with at most "
-                f"{left} processes, or let it be trained before growing the run")
+                f"{left} samples of this epoch are left for {self.world} training processes (the checkpoint holds "
+                f"the other {self.size - left} as trained): every process must take the same number of steps with "
+                f"at least one sample each. Resume with at most {left} processes, or let the epoch finish before "
+                f"the run grows")
         return min(-(-left // (self.world * batch_size)), left // self.world)
 
     def batches(self, rank: int, batch_size: int) -> list[int]:

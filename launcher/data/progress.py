@@ -51,7 +51,7 @@ def _attempt_progress(store: WorkDir, epoch: int, attempt: str) -> EpochProgress
     if not record:
         return None
     size, shard_size = int(record["size"]), int(record["shard_size"])
-    plan = Plan([(int(low), int(high)) for low, high in record["remaining"]], int(record["world"]))
+    plan = Plan([(int(low), int(high)) for low, high in record["remaining"]], int(record["world"]), size)
     trained = list(complement(plan.remaining, size))
     for rank in range(plan.world):
         consumed = store.get_record(progress_key(epoch, attempt, rank)).get("consumed", 0)

@@ -43,7 +43,9 @@ class Recorder:
         self._written: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._idle = threading.Event()
+        self._passes = threading.Condition(self._lock)
+        self._asked = 0  # flush() requests
+        self._served = 0  # the newest request a completed pass of writes started after
         self._failures: list[str] = []
         self._thread: threading.Thread | None = None
 
@@ -66,11 +68,12 @@ class Recorder:
 
     def flush(self, timeout: float = 30.0) -> None:
         """Write what is pending and the watched records' values now; warn once about failed writes."""
-        if self._thread is not None:
-            self._idle.clear()
-            self._wake.set()
-            self._idle.wait(timeout)
         with self._lock:
+            if self._thread is not None:
+                self._asked += 1
+                wanted = self._asked
+                self._wake.set()
+                self._passes.wait_for(lambda: self._served >= wanted, timeout)
             failures, self._failures = self._failures, []
         if failures:  # progress only: training resumes from the checkpoint, never from these
             warnings.warn(f"launcher.data: {len(failures)} progress records were not written to the work dir "
@@ -84,24 +87,39 @@ class Recorder:
         self._thread.start()
         atexit.register(self.flush, 10.0)  # the last epoch's final progress, even without epochs()
 
-    def _due(self) -> list[tuple[str, bool, dict[str, Any]]]:
+    def _due(self) -> tuple[int, list[tuple[str, bool, dict[str, Any]]]]:
         with self._lock:
+            asked = self._asked
             due = [(key, True, record) for key, record in self._creates.items()]
             values = {**{key: snapshot() for key, snapshot in self._watches.items()}, **self._finals}
             self._creates, self._finals = {}, {}
         due += [(key, False, value) for key, value in values.items() if self._written.get(key) != value]
-        return due
+        return asked, due
+
+    def _create(self, key: str, data: bytes, record: dict[str, Any]) -> None:
+        if self.store.create(key, data):
+            return
+        other = self.store.get_record(key)  # the same plan from another rank, or another sampler's
+        if other.get("size") != record.get("size"):
+            raise RuntimeError(f"another ElasticSampler (of {other.get('size')} samples, not {record.get('size')}) "
+                               f"records its progress in this run; pass records=False to all but one")
 
     def _write(self) -> None:
         while True:
-            for key, create_only, record in self._due():
+            self._wake.clear()  # before reading what is due: a request made from here on gets another pass
+            asked, due = self._due()
+            for key, create_only, record in due:
                 data = json.dumps(record, separators=(",", ":")).encode()
                 try:
-                    self.store.create(key, data) if create_only else self.store.put(key, data)
+                    if create_only:
+                        self._create(key, data, record)
+                    else:
+                        self.store.put(key, data)
                     self._written[key] = record
                 except Exception as exc:  # noqa: BLE001 - reported by flush(), never raised into training
                     with self._lock:
                         self._failures.append(f"{key}: {exc}")
-            self._idle.set()
+            with self._lock:
+                self._served = asked
+                self._passes.notify_all()
             self._wake.wait(self.interval if self._watches else None)
-            self._wake.clear()

@@ -53,18 +53,20 @@ class ElasticSampler(Sampler[int]):
     from that checkpoint exactly the untrained rest is split among the ranks then present.
 
     Read it through ``ElasticLoader``: it batches each rank's stretch into the agreed number of steps and
-    counts what reached the loop. ``shard_size`` is the unit in which `launcher data` reports progress.
+    counts what reached the loop. ``shard_size`` is the unit in which `launcher data` reports progress;
+    ``records=False`` keeps a second sampler of the run (validation, say) from recording progress there too.
     """
 
     def __init__(self, size: int, shard_size: int = 256, shuffle: bool = True, seed: int = 0, *,
-                 work_dir: str | None = None, rank: int | None = None, world_size: int | None = None):
+                 records: bool = True, work_dir: str | None = None, rank: int | None = None,
+                 world_size: int | None = None):
         for name, value, least in (("size", size, 1), ("shard_size", shard_size, 1)):
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"ElasticSampler: {name} must be an integer >= {least}, not {value!r}")
         self.size, self.shard_size, self.shuffle, self.seed = size, shard_size, bool(shuffle), seed
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.attempt = attempt_key(os.environ)
-        url = _work_dir_url(work_dir, os.environ)
+        url = _work_dir_url(work_dir, os.environ) if records else None
         if url is None:
             self._recorder = None
         else:
@@ -89,6 +91,7 @@ class ElasticSampler(Sampler[int]):
                     continue
                 self.set_epoch(epoch)
                 yield epoch
+                self._warn_if_left_early()
         finally:
             self._close_run()
             if self._recorder is not None:
@@ -102,8 +105,16 @@ class ElasticSampler(Sampler[int]):
             self._check_same_start(epoch, done)
         self._run = EpochRun(epoch=epoch, attempt=self.attempt, shard_size=self.shard_size,
                              order=epoch_order(self.size, self.seed, epoch, self.shuffle),
-                             plan=Plan(complement(done, self.size), self.world_size), rank=self.rank,
+                             plan=Plan(complement(done, self.size), self.world_size, self.size), rank=self.rank,
                              recorder=self._recorder)
+
+    def _warn_if_left_early(self) -> None:
+        run = self._run
+        if run is not None and run.consumed < run.count:
+            warnings.warn(
+                f"ElasticSampler: epoch {run.epoch} ended with {run.count - run.consumed} of this rank's "
+                f"{run.count} samples untrained (the loop left early?). They are trained only if a restart restores a "
+                f"checkpoint taken before; the next epoch starts now.", stacklevel=3)
 
     def _close_run(self) -> None:
         if self._run is not None:
