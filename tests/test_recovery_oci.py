@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import info_of, wait_until
+from clirun import Watcher, info_of, wait_until
 from conftest import run_cli
 import test_oci
 
@@ -130,6 +130,49 @@ def test_a_native_run_that_loses_a_replica_is_retried_whole_and_resumes_from_its
     cause = status["attempts"][0]["cause"]
     assert (cause["node"], cause["kind"], cause["exit_code"]) == ("PyTorch-Distributed-worker-1", "lost", 137)
     assert status["nodes"]["PyTorch-Distributed-worker-1"]["state"] == "succeeded"  # in attempt 2
+
+
+def test_an_elastic_per_node_run_grows_to_3_and_shrinks_to_2_while_it_trains(project, sim, tmp_path):
+    """`launcher scale` on OCI, which has no supervisor: the command creates the added node's job run itself, like
+    the last node's; shrinking asks the node to leave through the work dir, and its job run ends, succeeded."""
+    from test_scale import JOB, world_sizes
+
+    spec, env = project
+    (spec.parent / "scale_job.py").write_text(JOB)
+    spec.write_text(spec.read_text().replace('entryPoint: "train.py"', 'entryPoint: "scale_job.py"'))
+    done = tmp_path / "done"
+    started = run_cli("run", "-f", str(spec), "--run-id", "scale-1", *PER_NODE, "--detach", "--env", f"DONE={done}",
+                      "--set", "spec.cluster.spec.elastic={minNodes: 2, maxNodes: 3}",
+                      "--set", "spec.cluster.spec.worker.replicas=1", env=env, timeout=120)
+    assert started.returncode == 0, started.stdout + started.stderr
+    watcher = Watcher("scale-1", env)
+    watcher.wait_for(r"r0\].*WORLD_SIZE=2 from epoch", timeout=120)
+    added = "PyTorch-Distributed-worker-1"
+    grown = run_cli("scale", "scale-1", "--nodes", "3", env=env)
+    assert grown.returncode == 0 and f"started {added}" in grown.stdout, grown.stdout + grown.stderr
+    info = info_of(Path(env["LAUNCHER_HOME"]), "scale-1")
+    assert info["nodes"][-1] == added and info["backend_ids"]["job_runs"][added] in sim.runs
+    watcher.wait_for(r"r0\].*WORLD_SIZE=3 from epoch [1-9]", timeout=120)  # resumed from its checkpoint
+
+    shrunk = run_cli("scale", "scale-1", "--nodes", "2", env=env)
+    assert shrunk.returncode == 0 and f"asked {added} to leave" in shrunk.stdout, shrunk.stdout + shrunk.stderr
+    watcher.wait_for(r"r0\].*WORLD_SIZE=2 from epoch [1-9]\d*$", timeout=120)
+    assert world_sizes(watcher.lines) == [2, 3, 2]
+    sim.fail("POST", r"/jobRuns$", 400, "LimitExceeded", "Quota exceeded for shape VM.GPU2.1")
+    refused = run_cli("scale", "scale-1", "--nodes", "3", env=env)
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "refused the job run for PyTorch-Distributed-worker-2: 400 LimitExceeded: Quota exceeded" in refused.stderr
+    assert len(info_of(Path(env["LAUNCHER_HOME"]), "scale-1")["nodes"]) == 3  # nothing was started
+
+    done.touch()
+    code, output = watcher.finish(timeout=120)
+    assert code == 0, output[-3000:]
+    status = json.loads(run_cli("status", "scale-1", "--json", env=env).stdout)
+    assert status["result"] == "succeeded" and status["rounds"]["restarts"] == 0, status
+    assert status["nodes"][added]["state"] == "left"
+    [job_run] = [run for run in sim.runs.values() if env_of(run)["LAUNCHER_NODE_NAME"] == added]
+    assert job_run.state == "SUCCEEDED" and json.loads(env_of(job_run)["LAUNCHER_NODE_GROUPS"])[-1] == \
+        ["PyTorch-Distributed-worker", 2]
 
 
 # -- what a command does when it observes a lost node, on job runs that only sleep or exit ------------------------

@@ -8,11 +8,12 @@ service knows of each node (its lifecycle, why it never started) is merged into 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import sys
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Sequence
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.backends.oci import bodies, logs
@@ -235,6 +236,37 @@ class OciBackend(Backend):
         state.save(info)
         return [f"job {ids['job']}"]
 
+    def scale_problem(self, info: RunInfo) -> str | None:
+        if info.backend_ids.get("mode") != "perNode":
+            return ("the oci backend cannot scale a running run yet in launchMode native, where a job run's replicas "
+                    "are fixed when it starts (launchMode: perNode runs can be scaled: a job run per node)")
+        return None
+
+    def scale(self, info: RunInfo, add: Sequence[str]) -> list[str]:
+        """OCI has no supervisor: this command creates a job run for each added node, like the run's last node's
+        (its settings as the service returns them, with the added node's name and groups), and records it."""
+        from launcher.backends.oci import service
+        from launcher.errors import BackendError
+        from launcher.runs import state
+
+        if (problem := self.scale_problem(info)) is not None:
+            raise BackendError(problem)
+        ids = info.backend_ids
+        client = service.data_science(ids.get("endpoints") or {})
+        model = _current_runs(info)[info.nodes[-1]]
+        for name in add:
+            job_run, error = service.run_like(client, model, functools.partial(_added_env, name=name),
+                                              display_name=f"{info.run_id}-{name}", tags={"launcher-node": name},
+                                              token=service.token(info.run_id, f"run/{name}"))
+            if error is not None:
+                started = [node for node in add if node in ids["job_runs"]]
+                info.nodes = info.nodes + started
+                state.save(info)  # what was started is the run's, for status, cancel and clean
+                raise BackendError(f"OCI Data Science refused the job run for {name}: {error}"
+                                   + (f" (started: {', '.join(started)})" if started else ""))
+            ids["job_runs"][name] = job_run
+        return list(add)
+
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         from launcher.backends.oci import service
 
@@ -269,6 +301,15 @@ def _recovering_work_dir(info: RunInfo) -> Any:
     from launcher.runs.preflight import reading_work_dir
 
     return reading_work_dir(info.run_url) if info.backend_ids.get("recovery") else None
+
+
+def _added_env(env: dict[str, str], name: str) -> dict[str, str]:
+    """The env of node ``name`` that `launcher scale` adds, from that of the job run it is modelled on: the node
+    as first started, whatever incarnation that one was."""
+    from launcher.backends.oci.incarnations import INCARNATION
+    from launcher.runs.additions import added_node_env
+
+    return {key: value for key, value in added_node_env(env, name).items() if key != INCARNATION}
 
 
 def _current_runs(info: RunInfo) -> dict[str, str]:

@@ -25,7 +25,6 @@ run that went on without it ends with the others' result.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import socket
@@ -162,22 +161,10 @@ def _pending(fate: NodeFate, item: Incarnation) -> NodeFate:
 
 def _start(client: Any, run_id: str, claim: Incarnation) -> Incarnation:
     """Create the job run of ``claim``: the lost run's settings, as the service returns them, with the incarnation."""
-    import oci
-
     from launcher.backends.oci import service
 
-    try:
-        lost = client.get_job_run(claim.lost_job_run).data
-        config = copy.deepcopy(lost.job_configuration_override_details) or \
-            oci.data_science.models.DefaultJobConfigurationDetails()
-        config.environment_variables = {**(config.environment_variables or {}), INCARNATION: str(claim.number)}
-        details = oci.data_science.models.CreateJobRunDetails(
-            project_id=lost.project_id, compartment_id=lost.compartment_id, job_id=lost.job_id,
-            display_name=f"{run_id}-{claim.node}-{claim.number}", job_configuration_override_details=config,
-            job_environment_configuration_override_details=lost.job_environment_configuration_override_details,
-            freeform_tags={**(lost.freeform_tags or {}), "launcher-incarnation": str(claim.number)})
-        created = client.create_job_run(details, opc_retry_token=service.token(run_id, f"run/{claim.node}/"
-                                                                                          f"{claim.number}")).data
-    except (oci.exceptions.ServiceError, oci.exceptions.RequestException, oci.exceptions.ClientError) as exc:
-        return replace(claim, error=service.service_message(exc))
-    return replace(claim, job_run=created.id)
+    job_run, error = service.run_like(
+        client, str(claim.lost_job_run), lambda env: {**env, INCARNATION: str(claim.number)},
+        display_name=f"{run_id}-{claim.node}-{claim.number}", tags={"launcher-incarnation": str(claim.number)},
+        token=service.token(run_id, f"run/{claim.node}/{claim.number}"))
+    return replace(claim, job_run=job_run, error=error)

@@ -7,11 +7,12 @@ service's own message.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import re
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from launcher.backends.base import Request
 from launcher.backends.oci.bodies import JOB_ID_PLACEHOLDER
@@ -178,6 +179,27 @@ def job_runs(client: Any, ids: Mapping[str, str], *, compartment: str | None = N
         except Exception:  # noqa: BLE001
             continue
     return result
+
+
+def run_like(client: Any, model: str, env: Callable[[dict[str, str]], dict[str, str]], *, display_name: str,
+             tags: Mapping[str, str], token: str) -> tuple[str | None, str | None]:
+    """Create a job run of the job of job run ``model``, with ``model``'s own settings as the service returns them
+    and its env changed by ``env``: (the new job run's OCID, None), or (None, why the service refused)."""
+    import oci
+
+    try:
+        template = client.get_job_run(model).data
+        config = copy.deepcopy(template.job_configuration_override_details) or \
+            oci.data_science.models.DefaultJobConfigurationDetails()
+        config.environment_variables = env(dict(config.environment_variables or {}))
+        details = oci.data_science.models.CreateJobRunDetails(
+            project_id=template.project_id, compartment_id=template.compartment_id, job_id=template.job_id,
+            display_name=display_name, job_configuration_override_details=config,
+            job_environment_configuration_override_details=template.job_environment_configuration_override_details,
+            freeform_tags={**(template.freeform_tags or {}), **tags})
+        return client.create_job_run(details, opc_retry_token=token).data.id, None
+    except (oci.exceptions.ServiceError, oci.exceptions.RequestException, oci.exceptions.ClientError) as exc:
+        return None, service_message(exc)
 
 
 def exit_code(details: str | None) -> int | None:
