@@ -8,6 +8,7 @@ checkpoint's mid-epoch progress) and at each checkpoint how many it holds. With 
 after that step of round 0, past its last checkpoint, until its node stops it: a test scales the run or kills a
 node there, in the middle of an epoch whatever the machine's speed."""
 
+import ctypes
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ from launcher.data import ElasticLoader, ElasticSampler
 N, SHARD, BATCH = int(os.environ.get("DATA_N", "480")), 16, 4
 EPOCHS, EVERY = int(os.environ.get("DATA_EPOCHS", "5")), 5
 WORKERS, STEP_SECONDS = int(os.environ.get("DATA_WORKERS", "0")), 0.03
-HOLD = os.environ.get("DATA_HOLD")
+HOLD, TORCHRUN, PR_SET_PDEATHSIG = os.environ.get("DATA_HOLD"), os.getppid(), 1
 
 
 class Indices(torch.utils.data.Dataset):
@@ -75,6 +76,17 @@ def trained() -> int:
     return int(-model.w.detach().sum().round())
 
 
+def hold() -> None:
+    """Wait until this process is stopped (the other ranks wait in their next step's allreduce): by its node, when
+    a scale or a lost node ends round 0, or else with its torchrun. torch starts ranks in sessions of their own, and
+    a killed node's supervisor kills torchrun's process group only, so a rank that torchrun had no time to stop
+    would outlive the run."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != TORCHRUN:  # gone already
+        os._exit(1)
+    signal.pause()
+
+
 def save() -> None:
     global count
     progress = sampler.state_dict()  # collective
@@ -102,7 +114,7 @@ for epoch in sampler.epochs(end=EPOCHS):
                   f"trained {trained()}", flush=True)
         if rank == 0 and round_number == "0" and HOLD == f"{epoch}:{step}":
             print(f"rank 0: holding at epoch {epoch} step {step}, trained {trained()}", flush=True)
-            signal.pause()  # the other ranks wait in their next step's allreduce
+            hold()
     if rank == 0:
         counts = (-model.w.detach()).round().int().tolist()
         with open(os.path.join(outputs, f".epoch-{epoch}.tmp"), "w") as handle:
