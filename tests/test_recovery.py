@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clirun import Watcher, run_id_from
+from clirun import Watcher, run_id_from, wait_until
 from cluster import write_spec
 from conftest import run_cli
 
@@ -143,3 +143,27 @@ def test_a_failure_that_happens_every_time_is_not_retried_forever(tmp_path, laun
     rounds = "rounds 0, 1 and 2" if "failure" in recovery.get("retryOn", []) else "round 0"
     assert f"\n  {rounds}: the same cause" in summary, summary
 
+
+
+STUBBORN = """
+import os, signal
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlives torchrun's SIGTERM; torch starts it in a session of its own
+print(f"rank pid {os.getpid()}", flush=True)
+signal.pause()
+"""
+
+
+def test_a_killed_node_leaves_no_training_process_behind(tmp_path, launcher_home):
+    spec = write_spec(tmp_path, STUBBORN, nodes=1)
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = run_id_from(started.stdout)
+    watcher = Watcher(run_id, dict(os.environ))
+    rank_pid = int(watcher.wait_for(r"rank pid \d+").rsplit(" ", 1)[1])
+    os.kill(node_pid(launcher_home, run_id, "t-main"), signal.SIGKILL)
+    code, output = watcher.finish(timeout=120)
+    assert code != 0 and "cause: node process killed by SIGKILL" in output, output[-3000:]
+    # The supervisor stops the ranks before it records the node's end, which watch reported: gone or a zombie.
+    assert wait_until(lambda: not Path(f"/proc/{rank_pid}").exists()
+                      or Path(f"/proc/{rank_pid}/stat").read_text().split(")")[1].split()[0] == "Z", 10), \
+        Path(f"/proc/{rank_pid}/cmdline").read_bytes()

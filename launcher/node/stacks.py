@@ -100,6 +100,22 @@ def capture(stacks_dir: str, local_ranks: range) -> Capture:
     return Capture(stacks, gone)
 
 
+def live_training_pids(stacks_dir: str) -> list[int]:
+    """This node's training processes still alive: the pid each recorded in its stack file, where that process
+    still carries this node's stacks dir in its environment (a pid reused since by another process does not)."""
+    marker = f"LAUNCHER_STACKS_DIR={stacks_dir}".encode()
+    alive = []
+    for path in Path(stacks_dir).glob("*.stack"):
+        pid = _pid_of(path)
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes() if pid else b""
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            alive.append(pid)
+    return alive
+
+
 def _pid_of(path: Path) -> int | None:
     try:
         with path.open(errors="replace") as handle:

@@ -14,6 +14,7 @@ import time
 from launcher.backends.local.processes import kill_groups, write_processes
 from launcher.node.exits import killed_by, signal_name
 from launcher.node.outputs import OutputsSync, remove_temporary
+from launcher.node.stacks import live_training_pids
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_env, added_node_gpus, read_added, write_added_record
@@ -34,6 +35,8 @@ def save_leftovers(run: WorkDir, name: str, status: dict) -> None:
     Their unread lines are in the node's console log, which the caller saves."""
     if status.get("training_pgid"):
         kill_groups([status["training_pgid"]])
+    if status.get("training_logs"):  # torchrun starts each rank in a session of its own: it may outlive torchrun
+        kill_groups(live_training_pids(os.path.join(status["training_logs"], "stacks")))
     if status.get("state") in FINAL_STATES:
         return
     if status.get("training_logs"):
