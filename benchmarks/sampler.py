@@ -76,7 +76,8 @@ def _rank(rank: int, world: int, init: str, work_dir: str, repeats: int, epochs:
     for sampler, loader in loaders.values():  # warm-up
         _epochs(sampler, loader, model, optimizer, 1, 0)
     for repeat in range(repeats):
-        for name, (sampler, loader) in loaders.items():
+        order = list(loaders.items())
+        for name, (sampler, loader) in order if repeat % 2 == 0 else order[::-1]:  # ABBA: drift cancels
             dist.barrier()
             started = time.perf_counter()
             seen = torch.tensor([_epochs(sampler, loader, model, optimizer, epochs, 1 + repeat * epochs)])

@@ -30,9 +30,9 @@ def progress_key(epoch: int, attempt: str, rank: int) -> str:
 
 
 class Recorder:
-    """One background writer per sampler. ``create`` writes an object once (create-if-absent: the plan,
-    equal on every rank); ``watch`` samples a live record every ``interval`` seconds until ``unwatch``
-    writes its last value; ``flush`` writes everything now and waits for it."""
+    """One background writer per sampler, writing every ``interval`` seconds what came in: ``create`` an
+    object once (create-if-absent: the plan), ``watch`` a live record sampled then, until ``unwatch`` hands
+    over its last value; ``flush`` writes everything now and waits for it."""
 
     def __init__(self, store: WorkDir, *, interval: float = 0.5):
         self.store = store
@@ -64,7 +64,6 @@ class Recorder:
             snapshot = self._watches.pop(key, None)
             if snapshot is not None:
                 self._finals[key] = snapshot()
-        self._wake.set()
 
     def flush(self, timeout: float = 30.0) -> None:
         """Write what is pending and the watched records' values now; warn once about failed writes."""
@@ -122,4 +121,6 @@ class Recorder:
             with self._lock:
                 self._served = asked
                 self._passes.notify_all()
-            self._wake.wait(self.interval if self._watches else None)
+            # One pass per interval, whatever comes in meanwhile (epochs of a few ms each end and begin many
+            # times): the training thread only ever hands over values, and flush() asks for a pass at once.
+            self._wake.wait(self.interval)
