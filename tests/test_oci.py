@@ -94,20 +94,6 @@ def test_seed_004_trains_to_completion_on_an_oci_work_dir(project, sim):
     assert sim.runs[job_run].state == "SUCCEEDED"
 
 
-def test_per_node_job_runs_train_too(project, sim):
-    spec, env = project
-    done = run_cli("run", "-f", str(spec), "--set", "spec.infrastructure.spec.launchMode=perNode",
-                   "--set", "spec.infrastructure.spec.deleteJob=true", *EPOCHS, env=env, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert len(sim.runs) == 3 and all((run, "SUCCEEDED") in sim.served_states for run in sim.runs)
-    assert [job["lifecycleState"] for job in sim.jobs.values()] == ["DELETED"]  # deleteJob, once it ended
-    assert {run.state for run in sim.runs.values()} == {"DELETED"}  # with its runs
-    info = info_of(Path(env["LAUNCHER_HOME"]), run_id_from(done.stdout))
-    assert info["backend_ids"]["job_deleted"] is True  # recorded: a later watch does not delete again
-    assert all(run.body["jobConfigurationOverrideDetails"]["environmentVariables"]["LAUNCHER_NODE_NAME"]
-               for run in sim.runs.values())
-
-
 def test_a_refused_job_run_is_cleaned_up_and_reported(project, sim):
     spec, env = project
     sim.fail("POST", r"/jobRuns$", 400, "LimitExceeded", "Quota exceeded for shape VM.GPU2.1 in this compartment")
@@ -188,29 +174,34 @@ def test_a_client_error_is_not_retried(project, sim):
     assert len([f for f in sim.faults if f[1] == r"/jobs$"]) == 1 and sim.faults[0][5] == 4, "retried a 400"
 
 
-def run_until_a_node_dies(project, sim, mode: str, killed: str) -> tuple[str, dict]:
-    """Kill one node at its first epoch; Logging is set up with logGroupId alone (the service creates the log)
-    and its lines arrive late and a few per page. Return the run's output and its status."""
-    spec, env = project
+def with_late_logging(spec: Path, sim) -> None:
+    """Logging set up with logGroupId alone (the service creates the log), its lines arriving late and a few per
+    page."""
     spec.write_text(spec.read_text().replace("      logId: oci.xxx.<log_ocid>\n", ""))
-    sim.dying[killed] = "dies"
     sim.log_delay, sim.search_page = 2.0, 3
-    done = run_cli("run", "-f", str(spec), "--run-id", "dies-1", "--set", f"spec.infrastructure.spec.launchMode={mode}",
-                   "--", "--epochs", "200", env=env, timeout=300)
-    assert done.returncode == 1, done.stdout + done.stderr
-    status = json.loads(run_cli("status", "dies-1", "--json", env=env).stdout)
-    assert status["result"] == "failed"
+
+
+def assert_logging_searched(sim) -> None:
     logs = {run.log["logId"] for run in sim.runs.values()}
     assert all(log.startswith("ocid1.log.oc1.iad.simauto") for log in logs)  # made by the service: logDetails
     searches = [body["searchQuery"] for method, path, body in sim.requests if path == "/20190909/search"]
     assert searches and all(any(log in query for log in logs) for query in searches)
     assert len(searches) > 2  # pages of 3 lines, and again while the lines were still arriving
-    return done.stdout, status
 
 
 def test_a_dying_node_fails_the_run_and_is_named(project, sim):
-    """Per-node: its own job run fails first, with its exit code in lifecycleDetails."""
-    output, status = run_until_a_node_dies(project, sim, "perNode", "PyTorch-Distributed-worker-1")
+    """Per-node: its own job run fails first, with its exit code in lifecycleDetails, and its last lines come
+    from Logging. (Native runs: tests/test_recovery_oci.py, where the dead replica's run is retried.)"""
+    spec, env = project
+    with_late_logging(spec, sim)
+    sim.dying["PyTorch-Distributed-worker-1"] = "dies"
+    done = run_cli("run", "-f", str(spec), "--run-id", "dies-1", "--set", "spec.infrastructure.spec.launchMode=perNode",
+                   "--", "--epochs", "200", env=env, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    output = done.stdout
+    status = json.loads(run_cli("status", "dies-1", "--json", env=env).stdout)
+    assert status["result"] == "failed"
+    assert_logging_searched(sim)
     root = status["first_failure"]
     assert root["node"] == "PyTorch-Distributed-worker-1" and root["exit_code"] == 137, root
     assert "OCI: job run failed: Job run artifact execution failed with exit code 137" in root["reason"]
@@ -218,17 +209,6 @@ def test_a_dying_node_fails_the_run_and_is_named(project, sim):
     # its last lines come from OCI Logging: it could not write them to the work dir
     assert any("rank 2" in line for line in root["last_output"]), root
     assert "its last lines, as the backend logged them:\n  | " in output
-
-
-def test_a_dying_node_of_a_multi_node_run_gets_its_exit_code_and_logged_lines(project, sim):
-    """Native: the killed replica (NODE_RANK 2 of the one node group) is recorded with the exit code its node
-    group reports and the run's lines from Logging."""
-    _, status = run_until_a_node_dies(project, sim, "native", "PyTorch-Distributed#2")
-    dead = status["nodes"]["PyTorch-Distributed-worker-1"]
-    assert dead["state"] == "failed" and dead["exit_code"] == 137, dead
-    assert "node group PyTorch-Distributed failed: Job run artifact execution failed with exit code 137" in \
-        dead["reason"]
-    assert dead["last_output"], dead
 
 
 def test_a_node_that_never_starts_shows_the_services_message(project, sim):

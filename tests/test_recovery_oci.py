@@ -105,8 +105,10 @@ def test_each_mode_says_what_recovery_means_in_validate_and_the_dry_run(project)
 def test_a_native_run_that_loses_a_replica_is_retried_whole_and_resumes_from_its_checkpoint(project, sim):
     """Static native, maxRestarts 2: the replica of NODE_RANK 2 (worker-1) is killed at its epoch 2. Its peers fail
     fast, the job run fails, and `run`, following it, starts attempt 2: a new job run of the job, whose nodes restore
-    attempt 1's checkpoints and go on from epoch 3."""
+    attempt 1's checkpoints and go on from epoch 3. Attempt 1 keeps its record of the dead replica: the exit code
+    its node group reports and its last lines from Logging (which gets them late, a few per page)."""
     spec, env = project
+    test_oci.with_late_logging(spec, sim)
     sim.dying["PyTorch-Distributed#2"], sim.dies_at = "dies_once", "epoch 2/"
     done = run_cli("run", "-f", str(spec), "--run-id", "retry-1", *RECOVERY, "--", "--epochs", "3", env=env,
                    timeout=300)
@@ -130,11 +132,17 @@ def test_a_native_run_that_loses_a_replica_is_retried_whole_and_resumes_from_its
     cause = status["attempts"][0]["cause"]
     assert (cause["node"], cause["kind"], cause["exit_code"]) == ("PyTorch-Distributed-worker-1", "lost", 137)
     assert status["nodes"]["PyTorch-Distributed-worker-1"]["state"] == "succeeded"  # in attempt 2
+    test_oci.assert_logging_searched(sim)
+    dead = json.loads(sim.objects[("simns", "runs", "launcher/retry-1/status/PyTorch-Distributed-worker-1.json")][0])
+    assert dead["state"] == "failed" and dead["exit_code"] == 137 and dead["last_output"], dead
+    assert "node group PyTorch-Distributed failed: Job run artifact execution failed with exit code 137" in \
+        dead["reason"]
 
 
 def test_an_elastic_per_node_run_grows_to_3_and_shrinks_to_2_while_it_trains(project, sim, tmp_path):
     """`launcher scale` on OCI, which has no supervisor: the command creates the added node's job run itself, like
-    the last node's; shrinking asks the node to leave through the work dir, and its job run ends, succeeded."""
+    the last node's; shrinking asks the node to leave through the work dir, and its job run ends, succeeded. With
+    deleteJob, the job goes once the run has ended, with every job run it had, the added node's too."""
     from test_scale import JOB, world_sizes
 
     spec, env = project
@@ -143,7 +151,8 @@ def test_an_elastic_per_node_run_grows_to_3_and_shrinks_to_2_while_it_trains(pro
     done = tmp_path / "done"
     started = run_cli("run", "-f", str(spec), "--run-id", "scale-1", *PER_NODE, "--detach", "--env", f"DONE={done}",
                       "--set", "spec.cluster.spec.elastic={minNodes: 2, maxNodes: 3}",
-                      "--set", "spec.cluster.spec.worker.replicas=1", env=env, timeout=120)
+                      "--set", "spec.cluster.spec.worker.replicas=1",
+                      "--set", "spec.infrastructure.spec.deleteJob=true", env=env, timeout=120)
     assert started.returncode == 0, started.stdout + started.stderr
     watcher = Watcher("scale-1", env)
     watcher.wait_for(r"r0\].*WORLD_SIZE=2 from epoch", timeout=120)
@@ -171,8 +180,11 @@ def test_an_elastic_per_node_run_grows_to_3_and_shrinks_to_2_while_it_trains(pro
     assert status["result"] == "succeeded" and status["rounds"]["restarts"] == 0, status
     assert status["nodes"][added]["state"] == "left"
     [job_run] = [run for run in sim.runs.values() if env_of(run)["LAUNCHER_NODE_NAME"] == added]
-    assert job_run.state == "SUCCEEDED" and json.loads(env_of(job_run)["LAUNCHER_NODE_GROUPS"])[-1] == \
-        ["PyTorch-Distributed-worker", 2]
+    assert json.loads(env_of(job_run)["LAUNCHER_NODE_GROUPS"])[-1] == ["PyTorch-Distributed-worker", 2]
+    assert len(sim.runs) == 3 and all((run, "SUCCEEDED") in sim.served_states for run in sim.runs)
+    assert [job["lifecycleState"] for job in sim.jobs.values()] == ["DELETED"]  # deleteJob, once it ended
+    assert {run.state for run in sim.runs.values()} == {"DELETED"}  # with its runs
+    assert info_of(Path(env["LAUNCHER_HOME"]), "scale-1")["backend_ids"]["job_deleted"] is True
 
 
 # -- what a command does when it observes a lost node, on job runs that only sleep or exit ------------------------

@@ -122,12 +122,14 @@ def follow(info: RunInfo, attempt: Attempt | None) -> None:
                                         "cause": attempt.cause, "restarts": attempt.restarts}
     if info.backend_ids.get(CURRENT) == now:
         return
-    if now is None:
-        info.backend_ids.pop(CURRENT, None)
-    else:
-        info.backend_ids[CURRENT] = now
+    recorded = state.reread(info)  # as it is now: another command may have changed it
+    for record in (info, recorded):
+        if now is None:
+            record.backend_ids.pop(CURRENT, None)
+        else:
+            record.backend_ids[CURRENT] = now
     if info.recorded:
-        state.save(info)
+        state.save(recorded)
 
 
 def attempt_end(view: RunView, store: WorkDir) -> RoundEnd | str:

@@ -88,6 +88,17 @@ def load(path: Path) -> RunInfo:
         raise BadInput(f"{path}: not a launcher info.yaml ({exc})") from None
 
 
+def reread(info: RunInfo) -> RunInfo:
+    """The run's record as this machine holds it now, else ``info`` itself: another command (``scale``, another
+    follower) may have changed it since ``info`` was read, which saving ``info`` whole would undo."""
+    if not info.recorded:
+        return info
+    try:
+        return load(Path(info.path))
+    except BadInput:  # gone or damaged: what this command holds is all there is
+        return info
+
+
 def all_runs() -> list[RunInfo]:
     """Every recorded run, newest first."""
     found = []

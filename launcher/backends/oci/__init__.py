@@ -221,19 +221,21 @@ class OciBackend(Backend):
         from launcher.errors import LauncherError
         from launcher.runs import state
 
-        ids = info.backend_ids
+        recorded = state.reread(info)  # with the job runs of nodes `scale` added since this command began
+        ids = recorded.backend_ids
         if not ids.get("delete_job") or not ids.get("job") or ids.get("job_deleted"):
             return []
         try:
             client = service.data_science(ids.get("endpoints") or {})
         except LauncherError:  # no credentials here: the job stays, and a later watch or cancel tries again
             return []
-        outcome = service.cleanup(client, ids["job"], _every_run(info))
+        outcome = service.cleanup(client, ids["job"], _every_run(recorded))
         if outcome.startswith("could not"):
             print(f"note: {outcome}", file=sys.stderr)
             return []
-        ids["job_deleted"] = True
-        state.save(info)
+        info.backend_ids["job_deleted"] = ids["job_deleted"] = True
+        if recorded.recorded:
+            state.save(recorded)
         return [f"job {ids['job']}"]
 
     def scale_problem(self, info: RunInfo) -> str | None:
