@@ -8,6 +8,7 @@ attempt, a new job run whose nodes restore the outputs of the attempts before (l
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -267,14 +268,16 @@ def created_runs(sim) -> list[dict]:
     return [body for method, path, body in sim.requests if method == "POST" and path == "/20190101/jobRuns"]
 
 
-def observed_at_once(info, commands: int = 4) -> list[dict]:
-    """The fates as ``commands`` commands that ask the service at the same instant see them."""
+def observed_at_once(info, commands: int = 4) -> list[tuple[dict, object]]:
+    """The fates as ``commands`` commands that ask the service at the same instant see them, each with its own
+    copy of the run's record as that command holds it after."""
     barrier = threading.Barrier(commands)
-    seen: list[dict] = []
+    seen: list[tuple[dict, object]] = []
 
     def observe() -> None:
+        own = copy.deepcopy(info)
         barrier.wait()
-        seen.append(fates_now(info))
+        seen.append((fates_now(own), own))
 
     threads = [threading.Thread(target=observe) for _ in range(commands)]
     for thread in threads:
@@ -290,7 +293,7 @@ def test_observers_at_once_create_one_replacement_and_cancel_and_clean_up_find_i
     info = sleepers(dies=1, max_restarts=2)
     [lost] = [run for run in sim.runs.values() if env_of(run)["LAUNCHER_NODE_NAME"] == "w-1"]
     assert wait_until(lambda: lost.state == "FAILED", 30)
-    seen = observed_at_once(info)
+    seen = [fates for fates, _ in observed_at_once(info)]
     reasons = sorted(fates["w-1"].reason or "" for fates in seen)
     assert all(fates["w-1"].running for fates in seen), reasons  # being replaced: never lost to the run
     assert sum(reason.startswith("replaced by job run") for reason in reasons) == 1, reasons
@@ -376,7 +379,8 @@ def test_a_native_run_whose_job_run_fails_is_retried_whole_once_until_its_restar
     top = tmp_path / "wd" / "s"
     write_statuses(top, m=LOST_A_PEER, **{"w-0": LOST_A_PEER})  # w-1 died without a word
     seen = observed_at_once(info)
-    assert all(fate.running for fates in seen for fate in fates.values()), seen
+    assert all(fate.running for fates, _ in seen for fate in fates.values()), seen
+    assert all(own.backend_ids["attempt"]["number"] == 2 for _, own in seen)  # each reads attempt 2's records now
     [second] = created_runs(sim)[1:]
     [group] = second["jobNodeConfigurationOverrideDetails"]["jobNodeGroupConfigurationDetailsList"]
     assert group["jobConfigurationDetails"]["environmentVariables"] == {
@@ -387,7 +391,6 @@ def test_a_native_run_whose_job_run_fails_is_retried_whole_once_until_its_restar
     assert (record["started"], record["restarts"], record["url"]) == (True, 1, f"{top}/attempts/s.2")
     assert (record["cause"]["node"], record["cause"]["kind"], record["cause"]["exit_code"]) == ("w-1", "lost", 137)
     assert json.loads((top / "status" / "w-1.json").read_text())["state"] == "failed"  # recorded, as watch does
-    assert info.backend_ids["attempt"]["number"] == 2  # every verb now reads attempt 2's namespace
 
     [again] = [run for run in sim.runs.values() if run is not first]
     assert wait_until(lambda: again.state == "FAILED", 30)

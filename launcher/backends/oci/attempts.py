@@ -73,7 +73,10 @@ def native_fates(backend: OciBackend, info: RunInfo, client: Any) -> dict[str, N
     following = attempts.next_attempt(view, store, info.backend_ids["recovery"], now)
     if not top.create(attempts.key(number), following.to_bytes()):  # another command decided an instant earlier
         taken = Attempt.from_record(top.get_record(attempts.key(number)))
-        return _starting(info, taken) if taken is not None and taken.running else fates
+        if taken is None or not taken.running:
+            return fates
+        attempts.follow(info, taken)
+        return _starting(info, taken)
     record_lost(view, store)  # nobody reads this attempt's records as the current ones again
     if not following.started:
         return fates
