@@ -523,3 +523,36 @@ def test_an_attempt_whose_nodes_all_reported_is_decided_at_once_and_started_once
     else:
         assert record["error"] == "the run was cancelled before it started" and len(created_runs(sim)) == 1
         assert not any(fate.running for fate in fates.values()) and read_view(info).result == "failed"
+
+
+@pytest.mark.parametrize("max_restarts", [2, 3])
+def test_restarts_count_across_attempts_and_their_rounds_and_the_next_nodes_are_told_what_is_left(tmp_path,
+                                                                                                   max_restarts):
+    """Attempt 2 began with 1 restart used (its own retry); its rounds used 1 more before a node was lost for good:
+    with maxRestarts 3 attempt 3 begins with 3 used, and its rounds get none; with 2 the run stops."""
+    from launcher.node.rendezvous import Decision
+    from launcher.node.rounds import Round, decision_key
+    from launcher.node.store import WorkDir
+    from launcher.runs.attempts import Attempt, next_attempt, node_env
+    from launcher.runs.state import RunInfo
+    from launcher.runs.view import RunView
+
+    store = WorkDir(str(tmp_path / "wd" / "r" / "attempts" / "r.2"))
+    store.put(decision_key(1), Round(1, Decision("m", "127.0.0.1", 1, {"m": 0, "w-0": 1}), restarts=1).to_bytes())
+    info = RunInfo("r", "oci", str(tmp_path / "wd"), list(NODES), "", "", 0.0)
+    lost = {"state": "lost", "reason": "OCI: node group g failed: exit code 137", "exit_code": 137, "ended_at": 5.0}
+    view = RunView(info, {"w-1": lost}, None, [], None, {})
+    before = Attempt(2, store.url, {"node": "w-1", "kind": "lost", "reason": "gone"}, True, restarts=1)
+    recovery = {"minNodes": 2, "maxRestarts": max_restarts, "retryOn": ["lost"]}
+    third = next_attempt(view, store, recovery, before)
+    assert (third.number, third.url, third.cause["node"]) == (3, f"{tmp_path}/wd/r/attempts/r.3", "w-1")
+    if max_restarts == 2:
+        assert not third.started and third.given_up == "gave up after 2 of 2 restarts: node w-1: " + lost["reason"]
+        return
+    assert third.started and third.restarts == 3
+    env = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_WORK_DIR": "oci://b@ns/wd/", "X": "y",
+           "LAUNCHER_RECOVERY": json.dumps({**recovery, "maxRestarts": 3})}
+    assert node_env(env, third, max_restarts) == {
+        "LAUNCHER_RUN_ID": "r.3", "LAUNCHER_WORK_DIR": "oci://b@ns/wd/r/attempts", "X": "y",
+        "LAUNCHER_RESTORE_FROM": json.dumps(["oci://b@ns/wd/r", "oci://b@ns/wd/r/attempts/r.2"]),
+        "LAUNCHER_RECOVERY": json.dumps({**recovery, "maxRestarts": 0})}
