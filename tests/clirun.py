@@ -58,10 +58,16 @@ class Watcher:
                 self.lines.append(line.rstrip("\n"))
                 self.cond.notify_all()
 
-    def wait_for(self, pattern: str, timeout: float = 120) -> str:
+    def mark(self) -> int:
+        """Where the lines are now: ``wait_for(..., since=mark)`` looks only at lines that come after."""
+        with self.cond:
+            return len(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 120, since: int = 0) -> str:
         regex = re.compile(pattern)
         with self.cond:
-            found = self.cond.wait_for(lambda: next((l for l in self.lines if regex.search(l)), None), timeout)
+            found = self.cond.wait_for(lambda: next((l for l in self.lines[since:] if regex.search(l)), None),
+                                       timeout)
         assert found, f"no line matching {pattern!r} in:\n" + "\n".join(self.lines[-30:])
         return found
 
