@@ -36,9 +36,7 @@ class EpochRun:
         self._start_iterating()
         self._record_plan()
         for index in self._indices():
-            self.handed_out += 1
-            if not self.counted:
-                self.consumed = self.handed_out
+            self.handed_out = self.consumed = self.handed_out + 1
             yield index
 
     def batches(self, batch_size: int) -> Iterator[list[int]]:
@@ -77,5 +75,4 @@ class EpochRun:
             return
         self.recorder.create(plan_key(self.epoch, self.attempt), {
             "size": len(self.order), "shard_size": self.shard_size, "world": self.plan.world,
-            "remaining": self.plan.remaining, "shares": [self.plan.share(r) for r in range(self.plan.world)],
-            "batch_size": batch_size, "steps": steps})
+            "remaining": self.plan.remaining, "batch_size": batch_size, "steps": steps})

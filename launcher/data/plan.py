@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.data.intervals import Interval, take, total
+from launcher.data.intervals import Interval, complement, normalize, take, total
 
 
 class TooFewSamples(RuntimeError):
@@ -72,3 +72,10 @@ class Plan:
         """The positions ``rank`` trained after the loop consumed ``consumed`` of its stretch."""
         first, count = self.share(rank)
         return take(self.remaining, first, min(consumed, count))
+
+    def done(self, consumed: list[int]) -> list[Interval]:
+        """The epoch's trained positions once each rank consumed ``consumed[rank]`` of its stretch."""
+        trained = complement(self.remaining, self.size)
+        for rank, count in enumerate(consumed):
+            trained += self.trained(rank, count)
+        return normalize(trained)

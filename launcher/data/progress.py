@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from launcher.data.intervals import Interval, complement, normalize
+from launcher.data.intervals import Interval
 from launcher.data.plan import Plan
 from launcher.data.records import plan_key, progress_key
 from launcher.node.store import WorkDir
@@ -52,11 +52,9 @@ def _attempt_progress(store: WorkDir, epoch: int, attempt: str) -> EpochProgress
         return None
     size, shard_size = int(record["size"]), int(record["shard_size"])
     plan = Plan([(int(low), int(high)) for low, high in record["remaining"]], int(record["world"]), size)
-    trained = list(complement(plan.remaining, size))
-    for rank in range(plan.world):
-        consumed = store.get_record(progress_key(epoch, attempt, rank)).get("consumed", 0)
-        trained += plan.trained(rank, int(consumed))
-    return count_shards(normalize(trained), size, shard_size, epoch, attempt)
+    consumed = [int(store.get_record(progress_key(epoch, attempt, rank)).get("consumed", 0))
+                for rank in range(plan.world)]
+    return count_shards(plan.done(consumed), size, shard_size, epoch, attempt)
 
 
 def count_shards(trained: list[Interval], size: int, shard_size: int, epoch: int, attempt: str) -> EpochProgress:

@@ -162,9 +162,7 @@ class ElasticSampler(Sampler[int]):
                 "counts every index it handed out as trained. That is exact with DataLoader(num_workers=0); with "
                 "worker processes, batches still prefetched now would be skipped after a restore. Use "
                 "ElasticLoader (it takes DataLoader's arguments).", stacklevel=2)
-        consumed = self._gather(run.consumed)
-        trained = [interval for rank, count in enumerate(consumed) for interval in run.plan.trained(rank, count)]
-        return self._state(run.epoch, normalize(self._loaded_done(run.epoch) + trained))
+        return self._state(run.epoch, run.plan.done(self._gather(run.consumed)))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a state_dict(): the epoch's untrained rest is what the next start splits."""
