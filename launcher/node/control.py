@@ -38,6 +38,10 @@ def request_leave(run: WorkDir, node: str, reason: str) -> None:
     run.put(leave_key(node), json.dumps({"node": node, "reason": reason, "at": time.time()}).encode())
 
 
+def cancel_requested(run: WorkDir) -> bool:
+    return CANCEL in run.list(CONTROL_PREFIX)
+
+
 def request_cancel(run: WorkDir, reason: str = "cancelled by user") -> None:
     run.put(f"{CONTROL_PREFIX}/{CANCEL}", json.dumps({"reason": reason, "at": time.time()}).encode())
 

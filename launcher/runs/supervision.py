@@ -23,7 +23,7 @@ from typing import Any, Iterable
 from launcher.backends.base import NodeFate
 from launcher.errors import BackendError
 from launcher.fileio import atomic_write
-from launcher.node.control import CANCEL, CONTROL_PREFIX, record_failure
+from launcher.node.control import cancel_requested, record_failure
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
 
@@ -149,7 +149,7 @@ def replacement_wanted(run: WorkDir, recovery: dict[str, Any] | None, replaced: 
     from launcher.node.rounds import latest_round
     from launcher.runs.recovery import Policy
 
-    if not recovery or not Policy.from_settings(recovery).replaces(replaced) or CANCEL in run.list(CONTROL_PREFIX):
+    if not recovery or not Policy.from_settings(recovery).replaces(replaced) or cancel_requested(run):
         return False
     latest = latest_round(run)
     return latest is None or latest.give_up is None
@@ -182,7 +182,7 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
         return
     # Its console holds every line it printed, also those of its last seconds that never reached a log chunk.
     run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
-    cancelled = CANCEL in run.list(CONTROL_PREFIX)
+    cancelled = cancel_requested(run)
     if status.get("round") is not None and not cancelled:  # a recovering run: its round ends, the run goes on
         end_round_for_lost_node(run, name, status, exit_code, reason, console_log, at)
         return

@@ -150,10 +150,10 @@ def _start(top: WorkDir, client: Any, info: RunInfo, attempt: Attempt, previous:
 
 
 def _cancelled(*urls: str) -> bool:
-    from launcher.node.control import CANCEL, CONTROL_PREFIX
+    from launcher.node.control import cancel_requested
     from launcher.runs.preflight import reading_work_dir
 
-    return any(CANCEL in reading_work_dir(url).list(CONTROL_PREFIX) for url in urls)
+    return any(cancel_requested(reading_work_dir(url)) for url in urls)
 
 
 def _recorded(top: WorkDir, attempt: Attempt) -> Attempt:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from launcher.backends.base import NodeFate
-from launcher.node.control import CANCEL, CONTROL_PREFIX
+from launcher.node.control import cancel_requested
 from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
 
@@ -145,7 +145,7 @@ def recover(run: WorkDir, client: Any, run_id: str, recovery: dict[str, Any], ru
 def _lost(run: WorkDir, status: dict[str, Any], earlier: list[Incarnation]) -> bool:
     """A member of a recovering run whose job run ended before it reported its end: killed, its host lost, or a
     replacement that died before it wrote any status (its status is still its predecessor's "lost")."""
-    if status.get("round") is None or CANCEL in run.list(CONTROL_PREFIX):
+    if status.get("round") is None or cancel_requested(run):
         return False
     if status.get("state") not in FINAL_STATES:
         return True
