@@ -25,9 +25,9 @@ total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 assert total.item() == world * (world + 1) / 2, total
 out = os.environ["LAUNCHER_OUTPUTS_DIR"]
-os.makedirs(out, exist_ok=True)
-with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+with open(os.path.join(out, f"rank{rank}.json"), "w") as f:  # the outputs and checkpoint dirs exist already
     json.dump({"argv": sys.argv[1:], "tricky": os.environ.get("TRICKY"), "rank": rank, "sum": total.item()}, f)
+torch.save(total, os.path.join(os.environ["LAUNCHER_CHECKPOINT_DIR"], f"total{rank}.pt"))
 print(f"rank {rank}/{world} all_reduce ok", flush=True)
 dist.destroy_process_group()
 """
@@ -72,6 +72,7 @@ def test_real_torchrun_ranks_and_all_reduce(tmp_path, n):
         synced = json.loads(cluster.run.get(f"outputs/{name}/rank{rank}.json"))
         assert synced["argv"] == TRICKY_ARGS  # byte for byte, no shell on the way
         assert synced["tricky"] == TRICKY_ARGS[0] + TRICKY_ARGS[4]
+        assert cluster.run.get(f"outputs/{name}/checkpoints/total{rank}.pt")  # saved there without a makedirs
         assert f"rank {rank}/{n} all_reduce ok" in cluster.log_text(name)
     assert not os.path.exists("/tmp/launcher-pwned")
 

@@ -29,7 +29,6 @@ import os, sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 checkpoints = os.environ["LAUNCHER_CHECKPOINT_DIR"]
-os.makedirs(checkpoints, exist_ok=True)
 path = os.path.join(checkpoints, "state.pt")
 state = torch.load(path) if os.path.exists(path) else {{"epoch": 0, "w": torch.zeros(4)}}
 w = state["w"]

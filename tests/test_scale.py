@@ -41,7 +41,6 @@ import os, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 checkpoints = os.environ["LAUNCHER_CHECKPOINT_DIR"]
-os.makedirs(checkpoints, exist_ok=True)
 path = os.path.join(checkpoints, "epoch.pt")
 epoch = torch.load(path) if os.path.exists(path) else 0
 print(f"rank {rank}: WORLD_SIZE={os.environ['WORLD_SIZE']} from epoch {epoch}", flush=True)

@@ -261,10 +261,11 @@ class Node:
 
     def _train(self, decision: Decision, rounds: Rounds | None = None, number: int = 0) -> _Outcome:
         """One torchrun run with ``decision``; in a recovering run it also ends when the round does."""
-        from launcher.node.torchrun import torchrun_argv, training_env
+        from launcher.node.torchrun import checkpoint_dir, torchrun_argv, training_env
 
         settings = self.settings
-        os.makedirs(settings.outputs_dir, exist_ok=True)
+        # the contract promises both directories exist: programs save into them without creating them
+        os.makedirs(checkpoint_dir(settings), exist_ok=True)
         log_dir = tempfile.mkdtemp(prefix=f"launcher-{settings.node}-torchrun-")
         self.stacks_dir = os.path.join(log_dir, "stacks")
         os.makedirs(self.stacks_dir)

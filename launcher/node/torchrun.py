@@ -26,6 +26,10 @@ RENAMED_ENV = {"NCCL_ASYNC_ERROR_HANDLING": "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                "NCCL_BLOCKING_WAIT": "TORCH_NCCL_BLOCKING_WAIT"}
 
 
+def checkpoint_dir(settings: NodeSettings) -> str:
+    return os.path.join(settings.outputs_dir, CHECKPOINTS_SUBDIR)
+
+
 def rank_env(decision: Decision, settings: NodeSettings, processes: int, round_number: int = 0) -> dict[str, str]:
     env = {
         "MASTER_ADDR": decision.master_addr,
@@ -41,7 +45,7 @@ def rank_env(decision: Decision, settings: NodeSettings, processes: int, round_n
         "NNODES": str(nnodes),
         "WORLD_SIZE": str(nnodes * processes),
         "RANK": str(node_rank * processes),
-        "LAUNCHER_CHECKPOINT_DIR": os.path.join(settings.outputs_dir, CHECKPOINTS_SUBDIR),
+        "LAUNCHER_CHECKPOINT_DIR": checkpoint_dir(settings),
         # A new number each time the training processes start again in this run (launcher.data keys its
         # progress records by it)
         "LAUNCHER_ROUND": str(round_number),

@@ -46,7 +46,6 @@ class Recorder(torch.nn.Module):
 dist.init_process_group("gloo")
 rank, world, round_number = dist.get_rank(), dist.get_world_size(), os.environ.get("LAUNCHER_ROUND")
 checkpoints, outputs = os.environ["LAUNCHER_CHECKPOINT_DIR"], os.environ["LAUNCHER_OUTPUTS_DIR"]
-os.makedirs(checkpoints, exist_ok=True)
 path = os.path.join(checkpoints, "state.pt")
 # Every rank starts from the newest checkpoint any of them holds (the sampler's state must be the same on all).
 local = torch.load(path) if os.path.exists(path) else None
