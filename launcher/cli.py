@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 from launcher import __version__
 from launcher.errors import EXIT_BACKEND, LauncherError, SpecError
 
-BACKENDS = ("local", "docker", "oci")
+BACKENDS = ("local", "docker", "oci", "slurm")
 
 
 def _spec_arg(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,15 @@ def dump(data: Any, fmt: str, out: TextIO = sys.stdout) -> None:
 def to_yaml(data: Any) -> str:
     import yaml
 
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
+    class Dumper(yaml.SafeDumper):
+        """Text of several lines (a batch script) as a literal block, as it reads, not as one quoted line."""
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        block = "\n" in value and all(line == line.rstrip() for line in value.splitlines())
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if block else None)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=100)
 
 
 def dryrun_text(data: dict[str, Any], out: TextIO = sys.stdout) -> None:

@@ -11,8 +11,9 @@ _BACKENDS = {
     "local": "launcher.backends.local:LocalBackend",
     "docker": "launcher.backends.docker:DockerBackend",
     "oci": "launcher.backends.oci:OciBackend",
+    "slurm": "launcher.backends.slurm:SlurmBackend",
 }
-_BY_INFRASTRUCTURE = {"local": "local", "docker": "docker", "dataScienceJob": "oci"}
+_BY_INFRASTRUCTURE = {"local": "local", "docker": "docker", "dataScienceJob": "oci", "slurm": "slurm"}
 
 
 def backend_for(name: str | None, infra_type: str) -> Backend:

@@ -128,6 +128,11 @@ class Backend(ABC):
         """What the backend itself knows of each node (running, or ended how); {} when it cannot tell."""
         return {}
 
+    def engine_state(self, info: RunInfo) -> str | None:
+        """The engine's own one-line view of the run beside the work dir's (a batch job waiting and why); None
+        where the backend has none to add."""
+        return None
+
     def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
         """The run has ended (as `run`, `watch` or `cancel` saw it): free what the backend still holds for
         it, and with ``discard`` (``clean``) also what the run keeps on purpose; return what was freed."""

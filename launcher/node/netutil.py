@@ -7,7 +7,9 @@ The address, first match wins (no packet is sent to find it):
    (:mod:`launcher.node.ocicluster`);
 3. OCI per-node runs on a subnet of yours: the interface whose address lies in the subnet's CIDR;
 4. the interface a user named in ``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME``;
-5. the source address of the kernel's default route.
+5. Slurm: the interface that holds the address Slurm reaches this node at (its NodeAddr, which
+   :mod:`launcher.node.slurm` puts in ``LAUNCHER_SLURM_NODE_ADDRESS``);
+6. the source address of the kernel's default route.
 
 Where the choice is an interface, ``NCCL_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME`` are set to it
 for training unless the user set them, as Oracle ADS does: cluster traffic between OCI nodes runs
@@ -93,7 +95,7 @@ def node_address(*, timeout: float, say: Callable[[str], None],
         return NodeAddress(override, None, "LAUNCHER_NODE_ADDRESS")
     chosen = (ocicluster.metadata_address(env, interfaces, timeout=timeout, say=say)
               or ocicluster.subnet_address(env, interfaces())
-              or _named_interface(env) or NodeAddress(route_address(), None, "the default route"))
+              or _named_interface(env) or _slurm_address(env) or NodeAddress(route_address(), None, "the default route"))
     say(f"address {chosen.address}" + (f" on {chosen.interface}" if chosen.interface else "") +
         f" (from {chosen.source}){use_interface(chosen.interface, env)}")
     return chosen
@@ -106,6 +108,13 @@ def _named_interface(env: MutableMapping[str, str]) -> NodeAddress | None:
         if address:
             return NodeAddress(address, name, variable)
     return None
+
+
+def _slurm_address(env: MutableMapping[str, str]) -> NodeAddress | None:
+    address = env.get("LAUNCHER_SLURM_NODE_ADDRESS")
+    if not address:
+        return None
+    return NodeAddress(address, holder(address, interfaces()), "Slurm's NodeAddr for this node")
 
 
 def use_interface(interface: str | None, env: MutableMapping[str, str]) -> str:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from launcher.node.store import WorkDir
 
 
-RECORD_BACKENDS = ("local", "docker", "oci")  # the backends a run.json may name, besides compose
+RECORD_BACKENDS = ("local", "docker", "oci", "slurm")  # the backends a run.json may name, besides compose
 
 
 def home() -> Path:
@@ -112,8 +112,8 @@ def all_runs() -> list[RunInfo]:
 
 def resolve_run(ref: str | None) -> RunInfo:
     """A run id (or a unique prefix), a path to an info.yaml (or its directory), a run's work-dir URL or
-    directory (``s3://bucket/prefix/RUN``, ``./work_dir/RUN``), an OCI job or job run OCID, or None for
-    the latest run."""
+    directory (``s3://bucket/prefix/RUN``, ``./work_dir/RUN``), an OCI job or job run OCID, a Slurm job id,
+    or None for the latest run."""
     if not ref:
         runs = all_runs()
         if not runs:
@@ -132,6 +132,10 @@ def resolve_run(ref: str | None) -> RunInfo:
     if ref.startswith("ocid1."):  # a job or job run OCID of an OCI run
         owners = [info for info in all_runs() if ref == info.backend_ids.get("job")
                   or ref in (info.backend_ids.get("job_runs") or {}).values()]
+        if owners:
+            return owners[0]
+    if ref.isdigit():  # a Slurm job id
+        owners = [info for info in all_runs() if info.backend_ids.get("job_id") == ref]
         if owners:
             return owners[0]
     matches = [info for info in all_runs() if info.run_id.startswith(ref)]

@@ -80,7 +80,24 @@ class DockerInfra:
     shm_size: str | None = None
 
 
-Infra = DataScienceJobInfra | LocalInfra | DockerInfra
+@dataclass(frozen=True)
+class SlurmInfra:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    constraint: str | None = None
+    time: str | None = None  # Slurm's time format; a number is minutes
+    gpus_per_node: int | None = None
+    cpus_per_node: int | None = None
+    memory: str | None = None
+    exclusive: bool = False
+    python: str | None = None  # the nodes' interpreter (None: the client's, or python3 after setup)
+    sbatch_options: tuple[str, ...] = ()
+    setup: str = ""  # shell lines, run on each node before its bootstrap
+
+
+Infra = DataScienceJobInfra | LocalInfra | DockerInfra | SlurmInfra
 
 
 @dataclass(frozen=True)
@@ -131,7 +148,7 @@ class Runtime:
 @dataclass(frozen=True)
 class Spec:
     name: str
-    infra_type: str  # dataScienceJob | local | docker
+    infra_type: str  # dataScienceJob | local | docker | slurm
     infra: Infra
     cluster: Cluster
     runtime: Runtime
@@ -418,6 +435,16 @@ def _infra(kind: str, spec: dict, name: str) -> Infra:
     if kind == "docker":
         return DockerInfra(network=spec.get("network", "bridge"), volumes=tuple(spec.get("volumes", ())),
                            shm_size=spec.get("shmSize"))
+    if kind == "slurm":
+        setup = spec.get("setup") or ""
+        return SlurmInfra(
+            partition=spec.get("partition"), account=spec.get("account"), qos=spec.get("qos"),
+            reservation=spec.get("reservation"), constraint=spec.get("constraint"),
+            time=None if spec.get("time") is None else str(spec["time"]), gpus_per_node=spec.get("gpusPerNode"),
+            cpus_per_node=spec.get("cpusPerNode"), memory=None if spec.get("memory") is None else str(spec["memory"]),
+            exclusive=bool(spec.get("exclusive", False)), python=spec.get("python"),
+            sbatch_options=tuple(spec.get("sbatchOptions") or ()),
+            setup=setup if isinstance(setup, str) else "\n".join(setup))
     return LocalInfra(work_dir=spec.get("workDir"))
 
 

@@ -1,0 +1,110 @@
+"""A plan as one Slurm batch job: the exact ``sbatch`` command line and batch script. Pure: no I/O.
+
+The script exports what every node shares, runs the spec's ``setup`` lines and starts one task per
+node with ``srun``; each task runs :mod:`launcher.node.slurm`, which takes its node name from
+``SLURM_NODEID`` in the spec's order (main first) and its group's own env from its arguments. Every
+option goes on the ``sbatch`` command line, one token each, never through a shell; the script's only
+shell is the user's ``setup``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Mapping, Sequence
+
+from launcher.plan import NodeConfig, Plan
+from launcher.spec.model import SlurmInfra, Spec
+
+JOB_NAME_PREFIX = "launcher:"  # the job's name is this and the run id: how a run's jobs are found
+NODE_ENTRY = "launcher.node.slurm"
+CODE_DIR_VARIABLE = "LAUNCHER_CODE_DIR"
+# srun must not end the step when one task fails (an elastic run goes on without it), nor kill the others
+SRUN_OPTIONS = ("--no-kill", "--kill-on-bad-exit=0", "--ntasks-per-node=1")
+
+
+def infra_of(spec: Spec) -> SlurmInfra:
+    return spec.infra if isinstance(spec.infra, SlurmInfra) else SlurmInfra()
+
+
+def job_name(run_id: str) -> str:
+    return f"{JOB_NAME_PREFIX}{run_id}"
+
+
+def python_of(infra: SlurmInfra) -> str:
+    """The nodes' interpreter: the spec's; else this launcher's own, for a virtual environment on a filesystem
+    the nodes share."""
+    return infra.python or sys.executable
+
+
+def gpus_per_node(spec: Spec) -> int | None:
+    """--gpus-per-node: the spec's gpusPerNode (0: none); else processesPerNode when it is a number (one GPU per
+    training process); none for ``auto``, which counts on each node what it sees."""
+    infra = infra_of(spec)
+    if infra.gpus_per_node is not None:
+        return infra.gpus_per_node or None
+    return spec.cluster.processes_per_node
+
+
+def sbatch_argv(plan: Plan, output: str) -> list[str]:
+    """``sbatch`` with every option of the spec; the script comes on stdin. ``output``: the batch script's console."""
+    spec = plan.spec
+    infra = infra_of(spec)
+    argv = ["sbatch", "--parsable", f"--job-name={job_name(plan.run_id)}", f"--comment=launcher run {plan.run_id}",
+            f"--nodes={len(plan.nodes)}", "--ntasks-per-node=1", f"--chdir={spec.base_dir}", f"--output={output}",
+            "--export=ALL", "--no-requeue"]
+    for option, value in (("partition", infra.partition), ("account", infra.account), ("qos", infra.qos),
+                          ("reservation", infra.reservation), ("constraint", infra.constraint),
+                          ("time", infra.time), ("cpus-per-task", infra.cpus_per_node), ("mem", infra.memory),
+                          ("gpus-per-node", gpus_per_node(spec))):
+        if value is not None:
+            argv.append(f"--{option}={value}")
+    if infra.exclusive:
+        argv.append("--exclusive")
+    return argv + list(infra.sbatch_options)
+
+
+def shared_env(nodes: Sequence[NodeConfig]) -> dict[str, str]:
+    """The variables every node has with the same value."""
+    first = dict(nodes[0].env)
+    return {name: value for name, value in first.items() if all(node.env.get(name) == value for node in nodes[1:])}
+
+
+def group_env(plan: Plan, shared: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Per group, what its nodes have beyond ``shared`` (their own name aside, which each task works out)."""
+    groups: dict[str, dict[str, str]] = {}
+    for node in plan.nodes:
+        own = {name: value for name, value in node.env.items()
+               if shared.get(name) != value and name != "LAUNCHER_NODE_NAME"}
+        groups.setdefault(node.group, own)
+    return groups
+
+
+def node_argv(plan: Plan, shared: Mapping[str, str]) -> list[str]:
+    """What ``srun`` starts on every node: the Slurm entry of the bootstrap, with each group's own env."""
+    argv = [python_of(infra_of(plan.spec)), "-m", NODE_ENTRY]
+    for group, env in group_env(plan, shared).items():
+        for name, value in env.items():
+            argv += [f"--{group}-env", f"{name}={value}"]
+    return argv
+
+
+def batch_script(plan: Plan, node_output: str) -> str:
+    """The batch script; ``node_output``: srun's --output pattern for each node's console (``%n``: node index)."""
+    spec = plan.spec
+    infra = infra_of(spec)
+    shared = shared_env(plan.nodes)
+    shared[CODE_DIR_VARIABLE] = str(spec.base_dir)
+    lines = ["#!/bin/bash",
+             f"# launcher run {plan.run_id}: {len(plan.nodes)} nodes of {spec.source or 'a spec'}",
+             "# The node names, in SLURM_NODEID order: " + " ".join(plan.node_names)]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in shared.items()]
+    srun = ["srun", *SRUN_OPTIONS, f"--nodes={len(plan.nodes)}", f"--ntasks={len(plan.nodes)}",
+            f"--output={node_output}"]
+    command = node_argv(plan, shared)
+    if infra.setup.strip():
+        lines.append("# setup, from the spec: run by each node's task before the node starts")
+        # bash -c SETUP; exec "$@": the user's lines run on each node, then the node replaces that shell
+        command = ["bash", "-c", infra.setup.strip() + '\nexec "$@"', "launcher-setup", *command]
+    lines.append(shlex.join(srun + command))
+    return "\n".join(lines) + "\n"

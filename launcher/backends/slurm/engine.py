@@ -1,0 +1,130 @@
+"""Slurm through its own commands: ``sbatch --parsable``, ``squeue --json`` (else ``scontrol -o show job``),
+``scancel``. Machine formats only, never human output; every failure is a BackendError naming the command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Sequence
+
+from launcher.errors import BackendError
+
+COMMAND_TIMEOUT = 60  # seconds; a controller that does not answer in this time is reported, not waited for
+# Slurm's job states in which the job holds or waits for nodes; every other state is an end
+ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+                 "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+WAITING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the controller describes it."""
+
+    job_id: str
+    state: str  # PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, ...
+    reason: str  # why it is pending, or how it ended (None when there is nothing to say)
+    nodes: str  # the nodes Slurm gave it, in its own notation (n[1-3])
+    exit_code: int | None  # the batch script's exit status, where the job has ended
+    end_time: float | None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def waiting(self) -> bool:
+        return self.state in WAITING_STATES
+
+    def describe(self) -> str:
+        """One line: ``PENDING (Resources)``, ``RUNNING on n[1-3]``, ``TIMEOUT on n[1-3]``."""
+        reason = f" ({self.reason})" if self.reason and self.reason != "None" else ""
+        where = f" on {self.nodes}" if self.nodes and not self.waiting else ""
+        return f"{self.state}{where}{reason}"
+
+
+def _command(argv: Sequence[str], *, stdin: str | None = None) -> subprocess.CompletedProcess:
+    if shutil.which(argv[0]) is None:
+        raise BackendError(f"{argv[0]} is not installed here (or not on PATH): the slurm backend submits and "
+                           "follows jobs with Slurm's own commands; run launcher on a login node of the cluster")
+    try:
+        return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise BackendError(f"{argv[0]} did not answer in {COMMAND_TIMEOUT}s: is the Slurm controller "
+                           "reachable (scontrol ping)?") from None
+
+
+def _failed(argv: Sequence[str], result: subprocess.CompletedProcess) -> BackendError:
+    said = (result.stderr or result.stdout).strip()
+    return BackendError(f"{argv[0]} failed (exit {result.returncode}): {said or 'no message'}")
+
+
+def submit(argv: Sequence[str], script: str) -> str:
+    """Submit the batch script (on stdin) with ``argv`` (``sbatch --parsable ...``); the new job's id."""
+    result = _command(argv, stdin=script)
+    if result.returncode != 0:
+        raise _failed(argv, result)
+    job_id = result.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
+    if not job_id.isdigit():
+        raise BackendError(f"sbatch answered {result.stdout.strip()!r}, not a job id")
+    return job_id
+
+
+def jobs(job_ids: Sequence[str]) -> dict[str, Job]:
+    """The jobs the controller still knows of, by id (it forgets ended jobs after its MinJobAge)."""
+    wanted = {str(job_id) for job_id in job_ids}
+    if not wanted:
+        return {}
+    argv = ["squeue", "--json"]
+    result = _command(argv)
+    if result.returncode == 0 and result.stdout.lstrip().startswith("{"):
+        # Slurm 22.05's --json ignores every filter option: the whole queue comes, and is filtered here
+        return {job.job_id: job for job in map(_from_json, json.loads(result.stdout).get("jobs", []))
+                if job.job_id in wanted}
+    if "json" not in result.stderr:  # any failure but a Slurm too old for --json
+        raise _failed(argv, result)
+    return {job.job_id: job for job_id in sorted(wanted) if (job := _show_job(job_id)) is not None}
+
+
+def _from_json(data: dict) -> Job:
+    end = data.get("end_time")
+    state = data.get("job_state") or "UNKNOWN"
+    return Job(str(data["job_id"]), state if isinstance(state, str) else state[0], data.get("state_reason") or "",
+               data.get("nodes") or "", _exit_status(data.get("exit_code")) if state not in ACTIVE_STATES else None,
+               float(end) if end and state not in ACTIVE_STATES else None)
+
+
+def _exit_status(value: object) -> int | None:
+    """squeue --json gives the batch script's wait status (exit code << 8, or the signal)."""
+    if isinstance(value, dict):  # later versions: {"return_code": N, "signal": {...}}
+        value = value.get("return_code")
+    if not isinstance(value, int):
+        return None
+    return value >> 8 if value > 255 else value
+
+
+def _show_job(job_id: str) -> Job | None:
+    """``scontrol -o show job ID``: one line of KEY=VALUE pairs (Slurm versions without squeue --json)."""
+    argv = ["scontrol", "-o", "show", "job", job_id]
+    result = _command(argv)
+    if result.returncode != 0:
+        if "Invalid job id" in result.stderr:
+            return None
+        raise _failed(argv, result)
+    fields = dict(token.split("=", 1) for token in result.stdout.split() if "=" in token)
+    state = fields.get("JobState", "UNKNOWN")
+    code = fields.get("ExitCode", "")
+    return Job(job_id, state, fields.get("Reason", ""), "" if fields.get("NodeList") == "(null)" else
+               fields.get("NodeList", ""), int(code.split(":")[0]) if code[:1].isdigit() else None, None)
+
+
+def cancel(job_ids: Sequence[str], *, signal: str | None = None) -> None:
+    """``scancel`` (with ``--signal``, only that signal); a job that has ended already is no error."""
+    if not job_ids:
+        return
+    argv = ["scancel", *([f"--signal={signal}", "--full"] if signal else []), *job_ids]
+    result = _command(argv)
+    if result.returncode != 0 and "already completing or completed" not in result.stderr \
+            and "Invalid job id" not in result.stderr:
+        raise _failed(argv, result)
