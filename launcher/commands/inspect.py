@@ -97,6 +97,11 @@ def status(ref: str | None, *, as_json: bool) -> int:
                          _age(record.get("updated_at")), record.get("reason") or ""])
         origin = "" if info.recorded else "; not recorded here: its work dir's view"
         print(f"run {info.run_id} ({info.backend}{origin}): {view.result}")
+        from launcher.backends import backend_for
+
+        engine = backend_for(info.backend, "local").engine_state(info) if info.recorded else None
+        if engine:
+            print(engine)
         if not view.ended:  # once it has, the closing line says how each attempt ended
             print("".join(f"  {line}\n" for line in attempts.history(info, view.attempts)), end="")
         if rounds:

@@ -209,10 +209,15 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
     follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
+    engine_said: str | None = None
     next_view = 0.0
     while True:
         if time.monotonic() >= next_view:
             view = read_view(info, follower.run, backend)
+            engine = backend.engine_state(info)
+            if engine and engine != engine_said:  # a batch job's wait and why, its nodes, how it ended
+                out.write(f"{engine}\n")
+                engine_said = engine
             if current_url(info) != follower.run.url:  # the run was started again, as a new attempt
                 follower.poll(final=True)  # the last lines of the attempt that ended
                 out.write(started_line(info) + "\n")

@@ -49,10 +49,16 @@ class RunView:
             if fate is None or fate.running or self.statuses.get(name, {}).get("state") in FINAL_STATES:
                 continue
             lost[name] = {"node": name, "rank": self.rank_of(name), "exit_code": fate.exit_code,
+                          "departed": self.went_on_without(name),
                           "reason": fate.reason or "node process is gone", "at": fate.ended_at or time.time(),
                           "console_log": fate.console_log,
                           "last_output": list(fate.last_output[-5:]) or console_tail(fate.console_log)}
         return lost
+
+    def went_on_without(self, node: str) -> bool:
+        """A recovering run whose latest round does not hold ``node``: its end closed an earlier round and the run
+        went on without it (where no supervisor recorded it lost then, e.g. a Slurm task killed with its node)."""
+        return bool(self.decision and "round" in self.decision and node not in self.decision.get("ranks", {}))
 
     @functools.cached_property
     def attempts(self) -> list[Attempt]:
@@ -81,7 +87,8 @@ class RunView:
             return "running" if any(s in ("waiting", "running") or s in FINAL_STATES for s in states) else "pending"
         if self.never_started:
             return "failed to start"
-        if "succeeded" in states and all(s in ("succeeded", "lost", "left") for s in states):
+        departed = [self.lost.get(n, {}).get("departed", False) for n in self.info.nodes]
+        if "succeeded" in states and all(s in ("succeeded", "lost", "left") or gone for s, gone in zip(states, departed)):
             return "succeeded"  # a recovering run goes on without the members it lost or that left
         root = self.root_failure()
         if root is not None and (self.cancel is None or root.get("at", 0) <= self.cancel.get("at", 0)):
@@ -109,7 +116,7 @@ class RunView:
     def also_failed(self) -> list[dict[str, Any]]:
         """Nodes that failed on their own after the first one (the same error, say): not its victims."""
         root = self.root_failure()
-        causes = self.failures + list(self.lost.values())
+        causes = self.failures + [lost for lost in self.lost.values() if not lost["departed"]]
         return sorted((f for f in causes if root is not None and f.get("node") != root.get("node")
                        and f.get("reason") != root.get("reason")),  # the same decision, seen by every node
                       key=lambda f: f.get("at", 0))
@@ -117,7 +124,7 @@ class RunView:
     def root_failure(self) -> dict[str, Any] | None:
         """The first node that failed on its own (not stopped because of another), or was lost; None when the
         run's own limit came first (then no node is the cause)."""
-        causes = [f for f in self.failures + list(self.lost.values())
+        causes = [f for f in self.failures + [lost for lost in self.lost.values() if not lost["departed"]]
                   if self.limit is None or f.get("at", 0) < self.limit.get("at", 0)]
         return min(causes, key=lambda f: f.get("at", 0)) if causes else None
 
@@ -172,6 +179,12 @@ def record_lost(view: RunView, run: WorkDir) -> None:
     marked = {failure.get("node") for failure in view.failures}
     for name, lost in view.lost.items():
         details = {"console_log": lost["console_log"], "last_output": lost["last_output"]}
+        if lost["departed"]:  # the run went on without it: lost, as a supervisor would have recorded it
+            run.put(status_key(name), json.dumps({
+                **view.statuses.get(name, {}), "node": name, "state": "lost", "exit_code": lost["exit_code"],
+                "reason": lost["reason"], "ended_at": lost["at"], "updated_at": time.time(),
+                "reported_by": "launcher (the run went on without it)", **details}).encode())
+            continue
         if name not in marked:
             record_failure(run, name, lost["rank"], lost["exit_code"], lost["reason"], details, at=lost["at"])
         status = {**view.statuses.get(name, {}), "node": name, "state": "failed", "exit_code": lost["exit_code"],

@@ -19,12 +19,15 @@ from typing import Any
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.backends.slurm.batch import (batch_script, infra_of, job_name, python_of, sbatch_argv)
 from launcher.errors import BackendError, BadInput
+from launcher.fileio import atomic_write
 from launcher.plan import Plan
 from launcher.runs.state import RunInfo, runs_dir
 from launcher.spec.model import Spec
 from launcher.workdirs import resolve_local, scheme
 
-STOP_POLL_SECONDS = 0.5  # while cancel waits for the nodes to end on their own: the controller has no events
+STOP_POLL_SECONDS = 0.5
+JOB_ANSWER_SECONDS = 1.0
+GAVE_UP_FILE = "slurm-gave-up.txt"  # in the run's state dir: why launcher cancelled a job that waited too long  # while cancel waits for the nodes to end on their own: the controller has no events
 
 
 class SlurmBackend(Backend):
@@ -33,6 +36,7 @@ class SlurmBackend(Backend):
 
     def __init__(self) -> None:
         self.node_command: tuple[str, ...] = ()
+        self._answer: tuple[str, float, Any] | None = None  # (job id, when, job) of the controller's last answer
 
     def work_dir(self, spec: Spec) -> tuple[str, list[str]]:
         url, notes = super().work_dir(spec)
@@ -74,16 +78,22 @@ class SlurmBackend(Backend):
         return {"job_id": job_id, "submitted_at": time.time(),
                 "pending_limit": dryrun.plan.spec.cluster.rendezvous_timeout}
 
-    def _job(self, info: RunInfo):
+    def _job(self, info: RunInfo) -> tuple[Any, bool]:
+        """(the run's job as the controller describes it, or None when it forgot it; whether it could be asked).
+        One answer serves the fates and the engine's line of one look (within JOB_ANSWER_SECONDS)."""
         from launcher.backends.slurm import engine
 
         job_id = info.backend_ids.get("job_id")
         if not job_id:
             return None, False
+        if self._answer and self._answer[0] == job_id and time.monotonic() - self._answer[1] < JOB_ANSWER_SECONDS:
+            return self._answer[2], True
         try:
-            return engine.jobs([job_id]).get(job_id), True
+            job = engine.jobs([job_id]).get(job_id)
         except BackendError:
             return None, False  # the controller cannot be asked now: no fate either way
+        self._answer = (job_id, time.monotonic(), job)
+        return job, True
 
     def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
         job, asked = self._job(info)
@@ -98,8 +108,10 @@ class SlurmBackend(Backend):
             return {}  # cancelled just now; the next look sees the job's end
         if job.active:
             return {name: NodeFate(True, console_log=consoles[name]) for name in info.nodes}
-        return {name: NodeFate(False, job.exit_code, f"Slurm: job {job_id} {job.describe()}", consoles[name],
-                               job.end_time) for name in info.nodes}
+        gave_up = self._gave_up(info)
+        reason = gave_up or f"Slurm: job {job_id} {job.describe()}"
+        return {name: NodeFate(False, None if gave_up else job.exit_code, reason, consoles[name], job.end_time)
+                for name in info.nodes}
 
     def _console(self, info: RunInfo, index: int) -> str:
         return str(info.state_dir / "nodes" / f"slurm-{info.backend_ids.get('job_id')}.node{index}.out")
@@ -117,8 +129,16 @@ class SlurmBackend(Backend):
         reason = (f"Slurm job {job.job_id} waited {waited:.0f}s for its nodes, longer than rendezvousTimeout "
                   f"({limit:g}s): {job.describe()}")
         record_failure(WorkDir(info.run_url), info.nodes[0], None, None, reason)
+        atomic_write(info.state_dir / GAVE_UP_FILE, reason.encode())
         engine.cancel([job.job_id])
         return True
+
+    def _gave_up(self, info: RunInfo) -> str | None:
+        """Why launcher cancelled the job that waited too long, where it did (the job then reads CANCELLED)."""
+        try:
+            return (info.state_dir / GAVE_UP_FILE).read_text()
+        except OSError:
+            return None
 
     def engine_state(self, info: RunInfo) -> str | None:
         job, asked = self._job(info)

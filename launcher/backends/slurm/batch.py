@@ -38,12 +38,13 @@ def python_of(infra: SlurmInfra) -> str:
 
 
 def gpus_per_node(spec: Spec) -> int | None:
-    """--gpus-per-node: the spec's gpusPerNode (0: none); else processesPerNode when it is a number (one GPU per
-    training process); none for ``auto``, which counts on each node what it sees."""
+    """--gpus-per-node: the spec's gpusPerNode (0: none); else processesPerNode where the spec gives a number (one
+    GPU per training process); none for ``auto``, which counts on each node what it sees, or no processesPerNode."""
     infra = infra_of(spec)
     if infra.gpus_per_node is not None:
         return infra.gpus_per_node or None
-    return spec.cluster.processes_per_node
+    written = spec.data.get("spec", {}).get("cluster", {}).get("spec", {}).get("processesPerNode")
+    return written if isinstance(written, int) else None  # not the default of 1: CPU clusters have no GPUs to ask
 
 
 def sbatch_argv(plan: Plan, output: str) -> list[str]:

@@ -15,6 +15,8 @@ COMMAND_TIMEOUT = 60  # seconds; a controller that does not answer in this time 
 # Slurm's job states in which the job holds or waits for nodes; every other state is an end
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
                  "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
+# states whose exit code is the batch script's own (the others end it with a signal, or never start it)
+EXIT_CODE_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY"}
 WAITING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 
 
@@ -90,9 +92,12 @@ def jobs(job_ids: Sequence[str]) -> dict[str, Job]:
 def _from_json(data: dict) -> Job:
     end = data.get("end_time")
     state = data.get("job_state") or "UNKNOWN"
-    return Job(str(data["job_id"]), state if isinstance(state, str) else state[0], data.get("state_reason") or "",
-               data.get("nodes") or "", _exit_status(data.get("exit_code")) if state not in ACTIVE_STATES else None,
-               float(end) if end and state not in ACTIVE_STATES else None)
+    state = state if isinstance(state, str) else state[0]
+    return Job(str(data["job_id"]), state, data.get("state_reason") or "", data.get("nodes") or "",
+               _exit_status(data.get("exit_code")) if state in EXIT_CODE_STATES else None,
+               # whole seconds: the end is taken as late as it can be, so that a cancel asked for in that
+               # second is not taken for a failure that came before it
+               float(end) + 0.999 if end and state not in ACTIVE_STATES else None)
 
 
 def _exit_status(value: object) -> int | None:
@@ -116,7 +121,8 @@ def _show_job(job_id: str) -> Job | None:
     state = fields.get("JobState", "UNKNOWN")
     code = fields.get("ExitCode", "")
     return Job(job_id, state, fields.get("Reason", ""), "" if fields.get("NodeList") == "(null)" else
-               fields.get("NodeList", ""), int(code.split(":")[0]) if code[:1].isdigit() else None, None)
+               fields.get("NodeList", ""),
+               int(code.split(":")[0]) if code[:1].isdigit() and state in EXIT_CODE_STATES else None, None)
 
 
 def cancel(job_ids: Sequence[str], *, signal: str | None = None) -> None:

@@ -1,0 +1,213 @@
+"""The slurm backend on a real Slurm cluster (Debian's slurmctld, three ``slurmd -N`` and munged on loopback,
+started by tests/slurmcluster.py): the example trains, the dry-run is what the job ran, Slurm's own view (a
+waiting job and why, a refusal, a cancel from outside) reaches the user, and an elastic run goes on without
+a node whose processes were killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clirun import Watcher, init_project, run_id_from, wait_until
+from cluster import write_spec
+from conftest import run_cli
+from slurmcluster import slurm, slurm_cluster  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+
+
+def on_slurm(spec: Path, **infra) -> Path:
+    """The spec, on infrastructure type slurm (with ``infra`` as its spec)."""
+    data = yaml.safe_load(spec.read_text())
+    data["spec"]["infrastructure"] = {"kind": "infrastructure", "type": "slurm", **({"spec": infra} if infra else {})}
+    spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
+def jobs_left(slurm) -> list[str]:
+    return slurm.command("squeue", "-h", "-o", "%i %T").stdout.split("\n")[:-1]
+
+
+def job_of(launcher_home: Path, run_id: str) -> str:
+    info = yaml.safe_load((launcher_home / "runs" / run_id / "info.yaml").read_text())
+    return info["backend_ids"]["job_id"]
+
+
+def test_the_example_trains_on_three_slurm_nodes(tmp_path, launcher_home, slurm):
+    spec = on_slurm(init_project(tmp_path, workers=2, epochs=2), setup=["echo setup ran on $SLURMD_NODENAME"])
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = run_id_from(done.stdout)
+    job = job_of(launcher_home, run_id)
+    digests = re.findall(r"r(\d)\] rank (\d): final parameters (\w+)", done.stdout)
+    assert sorted(int(rank) for _, rank, _ in digests) == [0, 1, 2]
+    assert len({digest for _, _, digest in digests}) == 1  # DDP across three Slurm nodes
+    assert f"Slurm job {job}: RUNNING on n[1-3]" in done.stdout or f"Slurm job {job}: RUNNING on n1,n2,n3" in \
+        done.stdout or re.search(rf"Slurm job {job}: (PENDING|RUNNING)", done.stdout), done.stdout
+
+    status = json.loads(run_cli("status", job, "--json").stdout)  # RUN may be the Slurm job id
+    assert status["run_id"] == run_id and status["result"] == "succeeded"
+    names = ["pytorch-ddp-main", "pytorch-ddp-worker-0", "pytorch-ddp-worker-1"]
+    assert [status["nodes"][name]["rank"] for name in names] == [0, 1, 2]  # the spec's order: SLURM_NODEID
+    watch = run_cli("watch", run_id)
+    assert watch.returncode == 0
+    for rank, name in enumerate(names):
+        assert re.search(rf"^\[{re.escape(name)}\s+r{rank}\] rank {rank}: epoch 2/2", watch.stdout, re.M), name
+    outputs = tmp_path / "work_dir" / run_id / "outputs" / "pytorch-ddp-main"
+    assert (outputs / "model.pt").is_file() and (outputs / "checkpoints" / "epoch-0002.pt").is_file()
+    consoles = sorted((launcher_home / "runs" / run_id / "nodes").glob(f"slurm-{job}.node*.out"))
+    assert [c.name for c in consoles] == [f"slurm-{job}.node{i}.out" for i in range(3)]
+    assert "setup ran on n2" in consoles[1].read_text()  # the spec's setup ran in each node's task
+    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+    shown = run_cli("status", run_id).stdout
+    assert f"Slurm job {job}: COMPLETED on n[1-3]" in shown, shown
+
+
+def test_the_dry_run_is_exactly_what_the_job_ran(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, "print('hello from the job')\n", nodes=2),
+                    time="5:00", sbatchOptions=["--wckey=research"])
+    dry = run_cli("run", "-f", str(spec), "--dry-run", "--run-id", "exact-1", "--output", "json", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    (printed,) = json.loads(dry.stdout)["requests"]
+    assert printed["operation"] == "sbatch" and printed["body"]["argv"][0] == "sbatch"
+    assert "--time=5:00" in printed["body"]["argv"] and printed["body"]["argv"][-1] == "--wckey=research"
+    done = run_cli("run", "-f", str(spec), "--run-id", "exact-1", cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = job_of(launcher_home, "exact-1")
+    ran = slurm.command("scontrol", "write", "batch_script", job, "-").stdout
+    assert ran == printed["body"]["script"]
+    shown = slurm.command("scontrol", "-o", "show", "job", job).stdout
+    assert "JobName=launcher:exact-1 " in shown and "TimeLimit=00:05:00" in shown and "NumNodes=2" in shown
+
+
+def test_a_job_that_waits_shows_why_and_fails_with_it_after_the_rendezvous_timeout(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2, extra_cluster={"rendezvousTimeout": 6}),
+                    sbatchOptions=["--hold"])
+    watcher_env = dict(os.environ)
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = run_id_from(started.stdout)
+    job = job_of(launcher_home, run_id)
+    shown = run_cli("status", run_id).stdout
+    assert f"Slurm job {job}: PENDING (JobHeldUser)" in shown, shown
+    watcher = Watcher(run_id, watcher_env)
+    code, output = watcher.finish(timeout=60)
+    assert code == 1, output
+    assert re.search(rf"Slurm job {job} waited \d+s for its nodes, longer than rendezvousTimeout \(6s\): "
+                     r"PENDING \(JobHeldUser\)", output), output
+    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+
+
+def test_cancel_while_the_job_waits_leaves_nothing(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2), sbatchOptions=["--hold"])
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    run_id = run_id_from(started.stdout)
+    cancelled = run_cli("cancel", run_id, timeout=60)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert not jobs_left(slurm)
+    assert json.loads(run_cli("status", run_id, "--json").stdout)["result"] == "cancelled"
+
+
+def test_sbatch_refusing_the_job_is_a_clear_error_and_nothing_runs(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2), partition="nosuchpartition")
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "sbatch failed (exit 1): sbatch: error: invalid partition specified: nosuchpartition" in done.stderr
+    assert "Batch job submission failed: Invalid partition name specified" in done.stderr, done.stderr
+    (info,) = (launcher_home / "runs").glob("*/info.yaml")
+    assert yaml.safe_load(info.read_text())["submission"] == "failed"
+    assert not jobs_left(slurm)
+
+
+def test_without_sbatch_the_error_names_it(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2))
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, env={**os.environ, "PATH": "/nonexistent"})
+    assert done.returncode == 3
+    assert "sbatch is not installed here (or not on PATH)" in done.stderr, done.stderr
+
+
+FOREVER = """\
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} training", flush=True)
+for step in range(100000):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    time.sleep(0.05)
+"""
+
+
+def test_scancel_from_outside_ends_the_run_and_names_slurm(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, FOREVER, nodes=2))
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    run_id = run_id_from(started.stdout)
+    watcher = Watcher(run_id, dict(os.environ))
+    watcher.wait_for(r"rank 1 of 2 training")
+    job = job_of(launcher_home, run_id)
+    slurm.command("scancel", job)
+    code, output = watcher.finish(timeout=90)
+    assert code == 1, output
+    assert re.search(r"\[t-main    \] \[launcher\] cancelled: received SIGTERM", output), output
+    assert f"run {run_id} cancelled" in output
+    assert wait_until(lambda: not jobs_left(slurm), 30)
+    shown = run_cli("status", run_id).stdout
+    assert f"Slurm job {job}: CANCELLED on n[1-2]" in shown, shown
+
+
+ELASTIC_JOB = """\
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+print(f"rank {rank} of {world} round {os.environ['LAUNCHER_ROUND']}", flush=True)
+steps = 60 if world == 3 else 20
+for step in range(steps):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    time.sleep(0.2)
+print(f"rank {rank} of {world} done", flush=True)
+"""
+
+
+def _task_pids(run_id: str, node_id: int) -> list[int]:
+    """The processes of one Slurm task of the run (the node's bootstrap and what it started), by the environment
+    they started with."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"LAUNCHER_RUN_ID={run_id}".encode() in env and f"SLURM_NODEID={node_id}".encode() in env:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_an_elastic_run_goes_on_without_a_node_whose_processes_were_killed(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, ELASTIC_JOB, nodes=3,
+                               extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 2}}))
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    run_id = run_id_from(started.stdout)
+    watcher = Watcher(run_id, dict(os.environ))
+    watcher.wait_for(r"rank 2 of 3 round 0")
+    pids = _task_pids(run_id, 2)  # t-worker-1: the third node in the spec's order
+    assert len(pids) >= 3, pids  # its bootstrap, torchrun and its training process
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    watcher.wait_for(r"rank 1 of 2 round [1-9]", timeout=120)  # the survivors train on in a new round
+    code, output = watcher.finish(timeout=120)
+    assert code == 0, output
+    assert re.search(r"rank 0 of 2 done", output)
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "succeeded", status
+    assert wait_until(lambda: not jobs_left(slurm), 30)
