@@ -326,7 +326,7 @@ def test_a_replacement_that_dies_too_is_replaced_until_the_restarts_are_spent(si
                     for body in created_runs(sim)]
     assert incarnations == [None, None, None, "1", "2"]
     last = json.loads((tmp_path / "wd" / "s" / "oci" / "incarnations" / "w-1.3.json").read_text())
-    assert last["replaced"] is False and last["job_run"] is None
+    assert last["replaced"] is False and last["started"] is None
     assert fates_now(info)["w-1"].exit_code == 137 and len(created_runs(sim)) == 5  # nothing more, however often
 
 
@@ -338,7 +338,7 @@ def test_a_refused_replacement_is_said_and_recorded(sim, sleepers, tmp_path, cap
     assert "its replacement was refused: 400 LimitExceeded: Quota exceeded" in seen[-1].reason
     assert "node w-1 was lost and OCI refused its replacement: 400 LimitExceeded" in capsys.readouterr().err
     record = json.loads((tmp_path / "wd" / "s" / "oci" / "incarnations" / "w-1.1.json").read_text())
-    assert record["error"].startswith("400 LimitExceeded") and record["job_run"] is None
+    assert record["error"].startswith("400 LimitExceeded") and record["started"] is None
     assert not fates_now(info)["w-1"].running and len(created_runs(sim)) == 3  # not tried again
 
 

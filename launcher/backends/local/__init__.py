@@ -134,7 +134,8 @@ class LocalBackend(Backend):
         return request_nodes(info.state_dir, add)
 
     def stop(self, info: RunInfo, grace: float) -> list[str]:
-        from launcher.backends.local.processes import kill_groups, read_processes
+        from launcher.backends.local.processes import read_processes
+        from launcher.node.leftovers import kill_groups
         from launcher.runs.supervision import wait_for_exit
 
         supervisor, refs = read_processes(info.state_dir)

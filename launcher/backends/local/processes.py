@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from launcher.errors import BackendError
 from launcher.fileio import atomic_write
@@ -69,11 +68,3 @@ def start(dryrun: Any, state_dir: str) -> dict[str, Any]:
     requests = [{"name": r.target, **r.body} for r in dryrun.requests]
     return start_supervisor("launcher.backends.local.supervisor", state_dir,
                             f"{dryrun.plan.work_dir.rstrip('/')}/{dryrun.plan.run_id}", requests)
-
-
-def kill_groups(pgids: Iterable[int], sig: int = signal.SIGKILL) -> None:
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            continue

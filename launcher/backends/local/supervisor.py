@@ -5,46 +5,18 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
-from launcher.backends.local.processes import kill_groups, write_processes
-from launcher.node.exits import killed_by, signal_name
-from launcher.node.outputs import OutputsSync, remove_temporary
-from launcher.node.stacks import live_training_pids
-from launcher.node.status import FINAL_STATES, status_key
+from launcher.backends.local.processes import write_processes
+from launcher.node.leftovers import describe, save_leftovers
+from launcher.node.status import status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_env, added_node_gpus, read_added, write_added_record
 from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf,
                                        replacement_wanted, write_exit_record)
-
-
-def describe(returncode: int) -> tuple[int, str]:
-    """Exit status and reason for a node process that ended without reporting."""
-    if returncode < 0:
-        return killed_by(-returncode), f"node process killed by {signal_name(-returncode)}"
-    return returncode, f"node process exited with status {returncode} without reporting"
-
-
-def save_leftovers(run: WorkDir, name: str, status: dict) -> None:
-    """What only this machine can do for a node that died without a final status: stop its training
-    processes, remove their pipes and error files, and sync its outputs (the node shared this file system).
-    Their unread lines are in the node's console log, which the caller saves."""
-    if status.get("training_pgid"):
-        kill_groups([status["training_pgid"]])
-    if status.get("training_logs"):  # torchrun starts each rank in a session of its own: it may outlive torchrun
-        kill_groups(live_training_pids(os.path.join(status["training_logs"], "stacks")))
-    if status.get("state") in FINAL_STATES:
-        return
-    if status.get("training_logs"):
-        shutil.rmtree(status["training_logs"], ignore_errors=True)
-    if status.get("outputs_dir"):
-        OutputsSync(run, name, status["outputs_dir"]).sync()  # raises if the store fails: nothing is removed then
-        if status.get("outputs_temporary"):  # launcher chose the directory; every file is in the work dir now
-            remove_temporary(status["outputs_dir"])
 
 
 def main(state_dir: str, run_url: str) -> int:

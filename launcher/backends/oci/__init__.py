@@ -43,6 +43,7 @@ RECOVERY = "LAUNCHER_RECOVERY"  # the policy, which makes the nodes train in mem
 # Native static runs: the policy the client applies between attempts. Their nodes fail fast: with no replica
 # replaced alone, a round could never be complete again after a loss (see .attempts).
 RETRY = "LAUNCHER_RETRY"
+INCARNATIONS = "oci/incarnations"  # where the work dir records lost per-node job runs and their replacements
 
 
 class OciBackend(Backend):
@@ -165,24 +166,27 @@ class OciBackend(Backend):
         fates = self._with_logs(info, fates, run, client)  # one search for the run: its nodes share its log
         if work is None:
             return run, fates
-        from launcher.backends.oci import incarnations
+        from launcher.runs import incarnations
 
-        return run, incarnations.recover(work, client, info.run_id, ids["recovery"], {node: run for node in fates},
-                                         fates, incarnations.read(work), replaceable=False)
+        return run, incarnations.recover(work, INCARNATIONS, ids["recovery"], {node: run.id for node in fates},
+                                         fates, incarnations.read(work, INCARNATIONS), engine="OCI", unit="job run",
+                                         start=None)
 
     def _per_node_fates(self, info: RunInfo, client: Any) -> dict[str, NodeFate]:
         """Each node's fate from the job run of its newest incarnation; in a recovering run, lost nodes are
         handled as a supervisor would (:mod:`.incarnations`)."""
-        from launcher.backends.oci import incarnations
+        from launcher.runs import incarnations
 
         ids = info.backend_ids
         work = _recovering_work_dir(info)
-        records = incarnations.read(work) if work else {}
+        records = incarnations.read(work, INCARNATIONS) if work else {}
         runs = _read_runs(client, {**ids, "job_runs": incarnations.current(ids["job_runs"], records)})
         fates = {node: self._with_logs(info, {node: _fate(run, None)}, run, client)[node] for node, run in runs.items()}
         if work is None:
             return fates
-        return incarnations.recover(work, client, info.run_id, ids["recovery"], runs, fates, records)
+        return incarnations.recover(work, INCARNATIONS, ids["recovery"], {node: run.id for node, run in runs.items()},
+                                    fates, records, engine="OCI", unit="job run",
+                                    start=_replacement_starter(client, info.run_id))
 
     def _with_logs(self, info: RunInfo, fates: dict[str, NodeFate], run: Any, client: Any) -> dict[str, NodeFate]:
         """The run's nodes that ended, with its last lines from OCI Logging (searched only when some node
@@ -308,7 +312,7 @@ def _recovering_work_dir(info: RunInfo) -> Any:
 def _added_env(env: dict[str, str], name: str) -> dict[str, str]:
     """The env of node ``name`` that `launcher scale` adds, from that of the job run it is modelled on: the node
     as first started, whatever incarnation that one was."""
-    from launcher.backends.oci.incarnations import INCARNATION
+    from launcher.runs.incarnations import INCARNATION
     from launcher.runs.additions import added_node_env
 
     return {key: value for key, value in added_node_env(env, name).items() if key != INCARNATION}
@@ -316,22 +320,40 @@ def _added_env(env: dict[str, str], name: str) -> dict[str, str]:
 
 def _current_runs(info: RunInfo) -> dict[str, str]:
     """target -> the job run that runs it now: per node, its newest incarnation's; else the current attempt's."""
-    from launcher.backends.oci import attempts, incarnations
+    from launcher.backends.oci import attempts
+    from launcher.runs import incarnations
 
     if info.backend_ids.get("mode") != "perNode":
         return attempts.current_runs(info)
     work = _recovering_work_dir(info)
-    return incarnations.current(info.backend_ids["job_runs"], incarnations.read(work) if work else {})
+    return incarnations.current(info.backend_ids["job_runs"], incarnations.read(work, INCARNATIONS) if work else {})
 
 
 def _every_run(info: RunInfo) -> list[str]:
     """Every job run the run has had: per node, every incarnation's; else every attempt's."""
-    from launcher.backends.oci import attempts, incarnations
+    from launcher.backends.oci import attempts
+    from launcher.runs import incarnations
 
     if info.backend_ids.get("mode") != "perNode":
         return attempts.every_run(info)
     work = _recovering_work_dir(info)
-    return incarnations.every_run(info.backend_ids.get("job_runs") or {}, incarnations.read(work) if work else {})
+    return incarnations.every_unit(info.backend_ids.get("job_runs") or {},
+                                   incarnations.read(work, INCARNATIONS) if work else {})
+
+
+def _replacement_starter(client: Any, run_id: str) -> Any:
+    """How a lost node of a per-node run is started again: a job run with the lost one's settings, as the service
+    returns them, and the incarnation (one ``opc-retry-token`` per node and incarnation: a retry never creates two)."""
+    from launcher.backends.oci import service
+    from launcher.runs.incarnations import INCARNATION, Incarnation
+
+    def start(claim: Incarnation) -> tuple[str | None, str | None]:
+        return service.run_like(
+            client, str(claim.lost), lambda env: {**env, INCARNATION: str(claim.number)},
+            display_name=f"{run_id}-{claim.node}-{claim.number}", tags={"launcher-incarnation": str(claim.number)},
+            token=service.token(run_id, f"run/{claim.node}/{claim.number}"))
+
+    return start
 
 
 def _read_runs(client: Any, ids: dict[str, Any]) -> dict[str, Any]:
