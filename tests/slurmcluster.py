@@ -156,7 +156,8 @@ def slurm_cluster(tmp_path_factory):
     require(not missing, f"Slurm is not installed ({', '.join(missing)}): apt-get install slurmctld slurmd "
                          "slurm-client munge")
     require(os.geteuid() == 0, "the test Slurm cluster runs its daemons as root")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    # four nodes: runs of three, and a fourth for the one-node jobs that start a lost node again
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), nodes=4).start()
     try:
         yield cluster
     finally:

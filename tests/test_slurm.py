@@ -174,9 +174,9 @@ print(f"rank {rank} of {world} done", flush=True)
 """
 
 
-def _task_pids(run_id: str, node_id: int) -> list[int]:
+def _task_pids(run_id: str, node_id: int, bootstrap_only: bool = False) -> list[int]:
     """The processes of one Slurm task of the run (the node's bootstrap and what it started), by the environment
-    they started with."""
+    they started with; or only its bootstrap (``python -m launcher.node``)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -186,7 +186,12 @@ def _task_pids(run_id: str, node_id: int) -> list[int]:
         except OSError:
             continue
         if f"LAUNCHER_RUN_ID={run_id}".encode() in env and f"SLURM_NODEID={node_id}".encode() in env:
-            pids.append(int(entry.name))
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
+            except OSError:
+                continue
+            if not bootstrap_only or argv[-2:] == [b"-m", b"launcher.node"]:
+                pids.append(int(entry.name))
     return pids
 
 
@@ -211,3 +216,74 @@ def test_an_elastic_run_goes_on_without_a_node_whose_processes_were_killed(tmp_p
     status = json.loads(run_cli("status", run_id, "--json").stdout)
     assert status["result"] == "succeeded", status
     assert wait_until(lambda: not jobs_left(slurm), 30)
+
+
+def test_a_lost_node_is_started_again_as_a_one_node_job_that_joins_the_run(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, ELASTIC_JOB, nodes=3,
+                               extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 2}}))
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    run_id = run_id_from(started.stdout)
+    job = job_of(launcher_home, run_id)
+    watcher = Watcher(run_id, dict(os.environ))  # the command that follows the run starts the replacement
+    watcher.wait_for(r"rank 2 of 3 round 0")
+    (bootstrap,) = _task_pids(run_id, 2, bootstrap_only=True)  # t-worker-1's node process, not its task's parent
+    os.kill(bootstrap, signal.SIGKILL)
+    mark = watcher.mark()
+    # its task's parent recorded it lost at once: the others go on in the next round, with its replacement if that
+    # registered in time, else without it until the round after
+    watcher.wait_for(r"\[t-main    \] \[launcher\] round 1 after round 0: node t-worker-1: node process killed by "
+                     r"SIGKILL: continuing with [23] nodes", since=mark)
+    replacement = watcher.wait_for(rf"Slurm job (\d+): \w+.* \(t-worker-1, started again\)", since=mark)
+    watcher.wait_for(r"\[t-worker-1 r\d\] rank \d of 3 round [1-9]", timeout=120, since=mark)  # it trains again
+    code, output = watcher.finish(timeout=120)
+    assert code == 0, output
+    record = json.loads((tmp_path / "wd" / run_id / "slurm" / "incarnations" / "t-worker-1.1.json").read_text())
+    assert record["replaced"] and record["lost"] == job and record["started"] != job
+    assert f"Slurm job {record['started']}" in replacement
+    shown = slurm.command("scontrol", "-o", "show", "job", record["started"]).stdout
+    assert f"JobName=launcher:{run_id}:t-worker-1.1 " in shown and re.search(r"NumNodes=1(-1)? ", shown), shown
+    assert json.loads(run_cli("status", run_id, "--json").stdout)["result"] == "succeeded"
+    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+
+
+UNTIL_DONE = """\
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+print(f"rank {rank} of {world} round {os.environ['LAUNCHER_ROUND']}", flush=True)
+while True:  # every rank stops at the same step: the one where any of them saw the file
+    seen = torch.tensor([1.0 if os.path.exists(os.environ["DONE"]) else 0.0])
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+    if seen.item():
+        break
+    time.sleep(0.1)
+print(f"rank {rank} of {world} done", flush=True)
+"""
+
+
+def test_scale_adds_a_node_as_a_one_node_job_and_removes_it_through_the_work_dir(tmp_path, launcher_home, slurm):
+    done = tmp_path / "done"
+    spec = on_slurm(write_spec(tmp_path, UNTIL_DONE, nodes=2, env=[{"name": "DONE", "value": str(done)}],
+                               extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 2}}))
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    run_id = run_id_from(started.stdout)
+    watcher = Watcher(run_id, dict(os.environ))
+    watcher.wait_for(r"rank 1 of 2 round 0")
+    grown = run_cli("scale", run_id, "--nodes", "3")
+    assert grown.returncode == 0, grown.stdout + grown.stderr
+    assert "started t-worker-1" in grown.stdout
+    added = yaml.safe_load((launcher_home / "runs" / run_id / "info.yaml").read_text())["backend_ids"]["added"]
+    shown = slurm.command("scontrol", "-o", "show", "job", added["t-worker-1"]).stdout
+    assert f"JobName=launcher:{run_id}:t-worker-1 " in shown and re.search(r"NumNodes=1(-1)? ", shown), shown
+    watcher.wait_for(r"\[t-main     r0\] rank 0 of 3 round [1-9]", timeout=120)  # the added node trains with them
+    assert re.search(rf"Slurm job {added['t-worker-1']}: \w+.* \(t-worker-1, added\)", run_cli("status", run_id).stdout)
+    mark = watcher.mark()
+    shrunk = run_cli("scale", run_id, "--nodes", "2")
+    assert shrunk.returncode == 0, shrunk.stdout + shrunk.stderr
+    watcher.wait_for(r"rank 1 of 2 round [2-9]", timeout=120, since=mark)
+    done.touch()
+    code, output = watcher.finish(timeout=120)
+    assert code == 0, output
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "succeeded" and status["nodes"]["t-worker-1"]["state"] == "left"
+    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)

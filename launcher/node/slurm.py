@@ -1,10 +1,13 @@
 """The bootstrap's entry in a Slurm task: which node this task is, and whether it sees what the client wrote.
 
 ``srun`` starts one task per allocated node with the same command line (:mod:`launcher.backends.slurm.batch`):
-each task takes its node name from ``SLURM_NODEID`` in the spec's order (main first), adds its group's own env
+each task takes its node name from ``SLURM_NODEID`` in the spec's order (main first), or from the client for a
+one-node job (``LAUNCHER_SLURM_NODE``: a lost node started again, a node `launcher scale` adds), adds its group's own env
 (``--main-env NAME=VALUE``, ``--worker-env NAME=VALUE``) and checks that the spec's directory and a local work
 dir are the ones the client used, which they are only on a filesystem the nodes share with it. Then it runs
-the bootstrap (:mod:`launcher.node.main`) in this process.
+the bootstrap (:mod:`launcher.node.main`) as its child and stays its parent on this machine: a bootstrap that
+dies without reporting (SIGKILL, the OOM killer) has its end recorded here, as the local backend's supervisor
+does, so that its peers stop, or, in a recovering run, meet without it in the next round.
 """
 
 from __future__ import annotations
@@ -12,22 +15,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 
 from launcher import node_names
-from launcher.node.main import EXIT_BAD_ENV, main as node_main
+from launcher.node.main import EXIT_BAD_ENV
 
+# a one-node job's node, set in sbatch's environment: {"name", "incarnation" (a lost node started again),
+# "groups" (a node `launcher scale` adds, with the groups grown to hold it)}
+ONE_NODE = "LAUNCHER_SLURM_NODE"
 SHARED_FS_HINT = ("launcher runs your code and meets the other nodes there, so it must be on a filesystem every "
                   "node mounts at the same path as the machine you ran launcher on (your home or a shared "
                   "/scratch on most clusters); or use an s3:// or oci:// work dir")
 
 
+def one_node(env: os._Environ) -> str | None:
+    """A one-node job's node (a lost node started again, a node `launcher scale` adds), as the client submitted it:
+    its name, incarnation and groups go into the node's env; None for the run's own job."""
+    given = env.pop(ONE_NODE, None)
+    if not given:
+        return None
+    node = json.loads(given)
+    if node.get("incarnation"):
+        env["LAUNCHER_NODE_INCARNATION"] = str(node["incarnation"])
+    if node.get("groups"):
+        env["LAUNCHER_NODE_GROUPS"] = json.dumps(node["groups"])
+    return node["name"]
+
+
 def node_name(env: dict[str, str]) -> str:
-    """This task's node: ``LAUNCHER_NODE_NAME`` where given, else the spec's ``SLURM_NODEID``-th node."""
-    if env.get("LAUNCHER_NODE_NAME"):
-        return env["LAUNCHER_NODE_NAME"]
+    """This task's node: the spec's ``SLURM_NODEID``-th node."""
     names = node_names.expand([tuple(group) for group in json.loads(env["LAUNCHER_NODE_GROUPS"])])
     index = int(env.get("SLURM_NODEID", "-1"))
     if not 0 <= index < len(names):
@@ -74,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     env = os.environ
     try:
-        name = node_name(dict(env))
+        name = one_node(env) or node_name(dict(env))
     except (KeyError, ValueError) as exc:
         print(f"launcher node on {socket.gethostname()}: cannot tell which node this task is: {exc}", file=sys.stderr)
         return EXIT_BAD_ENV
@@ -92,7 +113,46 @@ def main(argv: list[str] | None = None) -> int:
         address = slurm_address(env.get("SLURMD_NODENAME", ""))
         if address:
             env["LAUNCHER_SLURM_NODE_ADDRESS"] = address
-    return node_main()
+    return keep(name, env)
+
+
+def keep(name: str, env: os._Environ) -> int:
+    """Run the bootstrap as a child; when it ends without a final status, record its end for it."""
+    from launcher.node.leftovers import describe, save_leftovers
+    from launcher.node.status import FINAL_STATES, status_key
+    from launcher.node.store import StoreError, WorkDir
+    from launcher.runs.supervision import record_on_behalf
+
+    for signum in (signal.SIGTERM, signal.SIGINT):  # Slurm signals every process of the step: the child too
+        signal.signal(signum, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-m", "launcher.node"], env=env,
+                             preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGINT)])
+    code = child.wait()
+    try:
+        run = WorkDir(f"{env['LAUNCHER_WORK_DIR'].rstrip('/')}/{env['LAUNCHER_RUN_ID']}")
+        status = run.get_record(status_key(name))
+        if status.get("state") not in FINAL_STATES and code != EXIT_BAD_ENV:
+            exit_code, reason = describe(code)
+            print(f"[launcher {name}] {reason}: recording its end", flush=True)
+            save_leftovers(run, name, status)
+            record_on_behalf(run, name, status, exit_code, reason, _console())
+    except (StoreError, KeyError) as exc:
+        print(f"[launcher {name}] could not record the node's end: {exc}", file=sys.stderr, flush=True)
+    return 128 - code if code < 0 else code
+
+
+def _console() -> str:
+    """The file this task's output goes to (srun --output), for the work dir's copy of a dead node's console."""
+    try:
+        path = os.readlink("/proc/self/fd/1")
+        if stat.S_ISREG(os.stat(path).st_mode):
+            return path
+    except OSError:
+        pass
+    handle, path = tempfile.mkstemp(prefix="launcher-console-", suffix=".log")
+    os.write(handle, b"(this node's output went to Slurm's output of its task, not to a file here)\n")
+    os.close(handle)
+    return path
 
 
 if __name__ == "__main__":

@@ -14,19 +14,24 @@ import json
 import os
 import shutil
 import time
-from typing import Any
+from typing import Any, Sequence
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
-from launcher.backends.slurm.batch import (batch_script, infra_of, job_name, python_of, sbatch_argv)
+from launcher.backends.slurm.batch import batch_script, infra_of, job_name, one_node_argv, python_of, sbatch_argv
+from launcher.backends.slurm.engine import Job
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
+from launcher.node.status import status_key
+from launcher.node.store import WorkDir
 from launcher.plan import Plan
+from launcher.runs.incarnations import Incarnation
 from launcher.runs.state import RunInfo, runs_dir
 from launcher.spec.model import Spec
 from launcher.workdirs import resolve_local, scheme
 
 STOP_POLL_SECONDS = 0.5
 JOB_ANSWER_SECONDS = 1.0
+INCARNATIONS = "slurm/incarnations"  # lost nodes and the one-node jobs that started them again (runs.incarnations)
 GAVE_UP_FILE = "slurm-gave-up.txt"  # in the run's state dir: why launcher cancelled a job that waited too long  # while cancel waits for the nodes to end on their own: the controller has no events
 
 
@@ -36,7 +41,7 @@ class SlurmBackend(Backend):
 
     def __init__(self) -> None:
         self.node_command: tuple[str, ...] = ()
-        self._answer: tuple[str, float, Any] | None = None  # (job id, when, job) of the controller's last answer
+        self._answer: tuple[set[str], float, dict[str, Job]] | None = None  # (jobs asked, when, answer)
 
     def work_dir(self, spec: Spec) -> tuple[str, list[str]]:
         url, notes = super().work_dir(spec)
@@ -75,52 +80,125 @@ class SlurmBackend(Backend):
         (request,) = dryrun.requests
         os.makedirs(os.path.join(state_dir, "nodes"), exist_ok=True)
         job_id = engine.submit(request.body["argv"], request.body["script"])
-        return {"job_id": job_id, "submitted_at": time.time(),
-                "pending_limit": dryrun.plan.spec.cluster.rendezvous_timeout}
+        recovery = dryrun.plan.nodes[0].env.get("LAUNCHER_RECOVERY")
+        return {"job_id": job_id, "submitted_at": time.time(), "sbatch": request.body["argv"],
+                "groups": dryrun.plan.spec.cluster.group_sizes,
+                "pending_limit": dryrun.plan.spec.cluster.rendezvous_timeout,
+                **({"recovery": json.loads(recovery)} if recovery else {})}
 
-    def _job(self, info: RunInfo) -> tuple[Any, bool]:
-        """(the run's job as the controller describes it, or None when it forgot it; whether it could be asked).
-        One answer serves the fates and the engine's line of one look (within JOB_ANSWER_SECONDS)."""
+    def _units(self, info: RunInfo) -> tuple[dict[str, str], Any, dict[str, list[Incarnation]]]:
+        """node -> the job its newest incarnation runs in; the work dir of a recovering run (else None) and the
+        incarnations it records."""
+        from launcher.runs import incarnations
+
+        ids = info.backend_ids
+        run = WorkDir(info.run_url) if ids.get("recovery") else None
+        records = incarnations.read(run, INCARNATIONS) if run is not None else {}
+        return incarnations.current(self._first_jobs(info), records), run, records
+
+    @staticmethod
+    def _first_jobs(info: RunInfo) -> dict[str, str]:
+        """node -> the job it first ran in: the run's own, or the one-node job of a node `launcher scale` added."""
+        added = info.backend_ids.get("added") or {}
+        return {name: added.get(name, info.backend_ids["job_id"]) for name in info.nodes}
+
+    def _jobs(self, job_ids: set[str]) -> dict[str, Job] | None:
+        """The controller's description of each job it still knows (None: it cannot be asked now). One answer
+        serves the fates and the engine's line of one look (within JOB_ANSWER_SECONDS)."""
         from launcher.backends.slurm import engine
 
-        job_id = info.backend_ids.get("job_id")
-        if not job_id:
-            return None, False
-        if self._answer and self._answer[0] == job_id and time.monotonic() - self._answer[1] < JOB_ANSWER_SECONDS:
-            return self._answer[2], True
+        if self._answer and self._answer[0] == job_ids and time.monotonic() - self._answer[1] < JOB_ANSWER_SECONDS:
+            return self._answer[2]
         try:
-            job = engine.jobs([job_id]).get(job_id)
+            jobs = engine.jobs(sorted(job_ids))
         except BackendError:
-            return None, False  # the controller cannot be asked now: no fate either way
-        self._answer = (job_id, time.monotonic(), job)
-        return job, True
+            return None
+        self._answer = (job_ids, time.monotonic(), jobs)
+        return jobs
 
     def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
-        job, asked = self._job(info)
-        if not asked:
+        from launcher.runs import incarnations
+
+        ids = info.backend_ids
+        if not ids.get("job_id"):
             return {}
-        job_id = info.backend_ids["job_id"]
-        consoles = {name: self._console(info, index) for index, name in enumerate(info.nodes)}
-        if job is None:
-            return {name: NodeFate(False, None, f"Slurm job {job_id} is gone from the controller, and the node "
-                                   "recorded no end", consoles[name]) for name in info.nodes}
-        if job.waiting and self._waited_too_long(info, job):
+        units, run, records = self._units(info)
+        jobs = self._jobs(set(units.values()))
+        if jobs is None:
+            return {}
+        first = jobs.get(ids["job_id"])
+        if first is not None and first.waiting and self._waited_too_long(info, first):
             return {}  # cancelled just now; the next look sees the job's end
+        fates = {name: self._fate(info, name, units[name], jobs.get(units[name]), run) for name in info.nodes}
+        if run is None:
+            return fates
+        return incarnations.recover(run, INCARNATIONS, ids["recovery"], units, fates, records, engine="Slurm",
+                                    unit="Slurm job", start=self._starter(info))
+
+    def _fate(self, info: RunInfo, name: str, job_id: str, job: Job | None, run: WorkDir | None) -> NodeFate:
+        """The node as its job shows it; in a recovering run, lost once the parent of its bootstrap said so."""
+        first = job_id == info.backend_ids["job_id"]
+        console = str(info.state_dir / "nodes" / f"slurm-{job_id}.node{info.nodes.index(name) if first else 0}.out")
+        if job is None:
+            return NodeFate(False, None, f"Slurm job {job_id} is gone from the controller, and the node recorded "
+                            "no end", console)
         if job.active:
-            return {name: NodeFate(True, console_log=consoles[name]) for name in info.nodes}
-        gave_up = self._gave_up(info)
-        reason = gave_up or f"Slurm: job {job_id} {job.describe()}"
-        return {name: NodeFate(False, None if gave_up else job.exit_code, reason, consoles[name], job.end_time)
-                for name in info.nodes}
+            status = run.get_record(status_key(name)) if run is not None and not job.waiting else {}
+            # lost in this job (not a predecessor's "lost", which a replacement keeps until it reports)
+            if status.get("state") == "lost" and float(status.get("ended_at") or 0) >= job.start_time > 0:
+                return NodeFate(False, status.get("exit_code"), status.get("reason"), console, status.get("ended_at"))
+            return NodeFate(True, console_log=console)
+        gave_up = self._gave_up(info) if first else None
+        return NodeFate(False, None if gave_up else job.exit_code, gave_up or f"Slurm: job {job_id} {job.describe()}",
+                        console, job.end_time)
 
-    def _console(self, info: RunInfo, index: int) -> str:
-        return str(info.state_dir / "nodes" / f"slurm-{info.backend_ids.get('job_id')}.node{index}.out")
+    def _starter(self, info: RunInfo) -> Any:
+        """How a lost node is started again: a one-node job of the run's batch script, as the controller holds it."""
+        def start(claim: Incarnation) -> tuple[str | None, str | None]:
+            try:
+                return self._one_node_job(info, claim.node, f"{claim.node}.{claim.number}",
+                                          {"name": claim.node, "incarnation": claim.number}), None
+            except BackendError as exc:
+                return None, str(exc)
 
-    def _waited_too_long(self, info: RunInfo, job) -> bool:
+        return start
+
+    def _one_node_job(self, info: RunInfo, name: str, label: str, node: dict[str, Any]) -> str:
+        """Submit the run's batch script (as the controller holds it) as a one-node job for node ``node``."""
+        from launcher.backends.slurm import engine
+        from launcher.node.slurm import ONE_NODE
+
+        script = engine.batch_script(info.backend_ids["job_id"])
+        return engine.submit(one_node_argv(info.backend_ids["sbatch"], label), script,
+                             env={ONE_NODE: json.dumps(node)})
+
+    def scale_problem(self, info: RunInfo) -> str | None:
+        from launcher.backends.slurm import engine
+
+        if not info.backend_ids.get("job_id"):
+            return "the run has no Slurm job to add nodes beside"
+        job = engine.jobs([info.backend_ids["job_id"]]).get(info.backend_ids["job_id"])
+        if job is None or not job.active or job.waiting:
+            return f"the run's Slurm job {info.backend_ids['job_id']} is not running ({job.describe() if job else 'gone'})"
+        return None
+
+    def scale(self, info: RunInfo, add: Sequence[str]) -> list[str]:
+        """Each added node runs in a one-node job of the run's batch script, told its name and the groups grown to
+        hold it; recorded in the run's record for status, watch, cancel and clean."""
+        from launcher import node_names
+
+        if (problem := self.scale_problem(info)) is not None:
+            raise BackendError(problem)
+        added = info.backend_ids.setdefault("added", {})
+        for name in add:
+            groups = node_names.including([tuple(group) for group in info.backend_ids["groups"]], name)
+            added[name] = self._one_node_job(info, name, name, {"name": name, "groups": groups})
+        return list(add)
+
+    def _waited_too_long(self, info: RunInfo, job: Job) -> bool:
         """A job that has waited past the run's limit is cancelled, its reason recorded as the run's failure."""
         from launcher.backends.slurm import engine
         from launcher.node.control import record_failure
-        from launcher.node.store import WorkDir
 
         waited = time.time() - float(info.backend_ids.get("submitted_at") or time.time())
         limit = float(info.backend_ids.get("pending_limit") or 0)
@@ -141,26 +219,45 @@ class SlurmBackend(Backend):
             return None
 
     def engine_state(self, info: RunInfo) -> str | None:
-        job, asked = self._job(info)
-        job_id = info.backend_ids.get("job_id")
-        if not asked:
+        if not info.backend_ids.get("job_id"):
             return None
+        units, _, _ = self._units(info)
+        jobs = self._jobs(set(units.values()))
+        if jobs is None:
+            return None
+        first = info.backend_ids["job_id"]
+        lines = [self._job_line(first, jobs.get(first))]
+        added = info.backend_ids.get("added") or {}
+        for name, job_id in units.items():
+            if job_id != first:
+                why = "added" if added.get(name) == job_id else "started again"
+                lines.append(self._job_line(job_id, jobs.get(job_id)) + f" ({name}, {why})")
+        return "; ".join(dict.fromkeys(lines))
+
+    @staticmethod
+    def _job_line(job_id: str, job: Job | None) -> str:
         return f"Slurm job {job_id}: {job.describe()}" if job else f"Slurm job {job_id}: no longer known to the controller"
 
+    def _every_job(self, info: RunInfo) -> list[str]:
+        from launcher.runs import incarnations
+
+        units, _, records = self._units(info)
+        return list(dict.fromkeys(incarnations.every_unit(self._first_jobs(info), records)))
+
     def stop(self, info: RunInfo, grace: float) -> list[str]:
-        """The nodes were asked to stop through the work dir (their outputs synced); the job is cancelled once they
-        have ended, or after ``grace`` seconds; at once while it still waits for nodes."""
+        """The nodes were asked to stop through the work dir (their outputs synced); the run's jobs are cancelled
+        once they have ended, or after ``grace`` seconds; at once while they still wait for nodes."""
         from launcher.backends.slurm import engine
 
-        job_id = info.backend_ids.get("job_id")
-        if not job_id:
+        if not info.backend_ids.get("job_id"):
             return []
+        job_ids = self._every_job(info)
         deadline = time.monotonic() + grace
         while True:
-            job = engine.jobs([job_id]).get(job_id)
-            if job is None or not job.active:
+            active = [job for job in engine.jobs(job_ids).values() if job.active]
+            if not active:
                 return []
-            if job.waiting or time.monotonic() >= deadline:
-                engine.cancel([job_id])
-                return [f"Slurm job {job_id}"]
+            if all(job.waiting for job in active) or time.monotonic() >= deadline:
+                engine.cancel([job.job_id for job in active])
+                return [f"Slurm job {job.job_id}" for job in active]
             time.sleep(STOP_POLL_SECONDS)  # the controller offers nothing to wait on

@@ -100,8 +100,9 @@ def batch_script(plan: Plan, node_output: str) -> str:
              f"# launcher run {plan.run_id}: {len(plan.nodes)} nodes of {spec.source or 'a spec'}",
              "# The node names, in SLURM_NODEID order: " + " ".join(plan.node_names)]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in shared.items()]
-    srun = ["srun", *SRUN_OPTIONS, f"--nodes={len(plan.nodes)}", f"--ntasks={len(plan.nodes)}",
-            f"--output={node_output}"]
+    # no --nodes or --ntasks: one task per node of the job's own allocation, so the same script serves a one-node
+    # job that starts a lost node again (replacement_argv)
+    srun = ["srun", *SRUN_OPTIONS, f"--output={node_output}"]
     command = node_argv(plan, shared)
     if infra.setup.strip():
         lines.append("# setup, from the spec: run by each node's task before the node starts")
@@ -109,3 +110,11 @@ def batch_script(plan: Plan, node_output: str) -> str:
         command = ["bash", "-c", infra.setup.strip() + '\nexec "$@"', "launcher-setup", *command]
     lines.append(shlex.join(srun + command))
     return "\n".join(lines) + "\n"
+
+
+def one_node_argv(argv: Sequence[str], label: str) -> list[str]:
+    """The run's ``sbatch`` command line for a one-node job of its batch script (a lost node started again, a node
+    `launcher scale` adds), named after the run and ``label``; which node it runs comes through sbatch's
+    environment, which the script leaves as it is (:data:`launcher.node.slurm.ONE_NODE`)."""
+    return ["--nodes=1" if token.startswith("--nodes=") else
+            f"{token}:{label}" if token.startswith("--job-name=") else token for token in argv]

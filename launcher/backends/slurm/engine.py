@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from launcher.errors import BackendError
 
@@ -30,6 +31,7 @@ class Job:
     nodes: str  # the nodes Slurm gave it, in its own notation (n[1-3])
     exit_code: int | None  # the batch script's exit status, where the job has ended
     end_time: float | None
+    start_time: float = 0.0  # when it started running (0: not yet, or not stated)
 
     @property
     def active(self) -> bool:
@@ -46,12 +48,14 @@ class Job:
         return f"{self.state}{where}{reason}"
 
 
-def _command(argv: Sequence[str], *, stdin: str | None = None) -> subprocess.CompletedProcess:
+def _command(argv: Sequence[str], *, stdin: str | None = None,
+             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
     if shutil.which(argv[0]) is None:
         raise BackendError(f"{argv[0]} is not installed here (or not on PATH): the slurm backend submits and "
                            "follows jobs with Slurm's own commands; run launcher on a login node of the cluster")
     try:
-        return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+        return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
+                              env=None if env is None else {**os.environ, **env})
     except subprocess.TimeoutExpired:
         raise BackendError(f"{argv[0]} did not answer in {COMMAND_TIMEOUT}s: is the Slurm controller "
                            "reachable (scontrol ping)?") from None
@@ -62,9 +66,10 @@ def _failed(argv: Sequence[str], result: subprocess.CompletedProcess) -> Backend
     return BackendError(f"{argv[0]} failed (exit {result.returncode}): {said or 'no message'}")
 
 
-def submit(argv: Sequence[str], script: str) -> str:
-    """Submit the batch script (on stdin) with ``argv`` (``sbatch --parsable ...``); the new job's id."""
-    result = _command(argv, stdin=script)
+def submit(argv: Sequence[str], script: str, env: Mapping[str, str] | None = None) -> str:
+    """Submit the batch script (on stdin) with ``argv`` (``sbatch --parsable ...``) and ``env`` added to sbatch's
+    environment (which --export=ALL hands to the job); the new job's id."""
+    result = _command(argv, stdin=script, env=env)
     if result.returncode != 0:
         raise _failed(argv, result)
     job_id = result.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
@@ -97,7 +102,8 @@ def _from_json(data: dict) -> Job:
                _exit_status(data.get("exit_code")) if state in EXIT_CODE_STATES else None,
                # whole seconds: the end is taken as late as it can be, so that a cancel asked for in that
                # second is not taken for a failure that came before it
-               float(end) + 0.999 if end and state not in ACTIVE_STATES else None)
+               float(end) + 0.999 if end and state not in ACTIVE_STATES else None,
+               float(data.get("start_time") or 0) if state not in WAITING_STATES else 0.0)
 
 
 def _exit_status(value: object) -> int | None:
@@ -123,6 +129,15 @@ def _show_job(job_id: str) -> Job | None:
     return Job(job_id, state, fields.get("Reason", ""), "" if fields.get("NodeList") == "(null)" else
                fields.get("NodeList", ""),
                int(code.split(":")[0]) if code[:1].isdigit() and state in EXIT_CODE_STATES else None, None)
+
+
+def batch_script(job_id: str) -> str:
+    """The batch script the controller holds for a job (``scontrol write batch_script ID -``)."""
+    argv = ["scontrol", "write", "batch_script", job_id, "-"]
+    result = _command(argv)
+    if result.returncode != 0:
+        raise _failed(argv, result)
+    return result.stdout
 
 
 def cancel(job_ids: Sequence[str], *, signal: str | None = None) -> None:
