@@ -125,6 +125,11 @@ PartitionName=debug Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE St
                 raise RuntimeError(f"{', '.join(dead)} exited while starting; logs in {self.root / 'log'}")
             time.sleep(0.2)  # the daemons announce readiness nowhere but in what sinfo shows
 
+    def resume(self, node: str) -> None:
+        """A node a test marked down is back in service (once every node is idle again)."""
+        self.command("scontrol", "update", f"nodename={node}", "state=resume", check=False)  # may be back already
+        self._wait(lambda: self.idle() == len(self.names), f"{node} back in service")
+
     def command(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(argv), env={**os.environ, **self.env}, capture_output=True, text=True,
                               timeout=60, check=check)

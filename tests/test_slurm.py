@@ -287,3 +287,25 @@ def test_scale_adds_a_node_as_a_one_node_job_and_removes_it_through_the_work_dir
     status = json.loads(run_cli("status", run_id, "--json").stdout)
     assert status["result"] == "succeeded" and status["nodes"]["t-worker-1"]["state"] == "left"
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+
+
+def test_a_node_marked_down_while_training_is_replaced_and_the_run_goes_on(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, ELASTIC_JOB, nodes=3,
+                               extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 2}}))
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    run_id = run_id_from(started.stdout)
+    watcher = Watcher(run_id, dict(os.environ))
+    watcher.wait_for(r"rank 2 of 3 round 0")
+    node = slurm.command("squeue", "-h", "-j", job_of(launcher_home, run_id), "-o", "%N").stdout.strip()
+    down = "n3" if node in ("n[1-3]", "n1,n2,n3") else node.split(",")[-1]
+    slurm.command("scontrol", "update", f"nodename={down}", "state=down", "reason=launcher-test")
+    try:
+        # with sbatch --no-kill the job keeps its other nodes: they meet without t-worker-1 and go on
+        watcher.wait_for(r"continuing with [23] nodes \(min 2, max 3\)", timeout=120)
+        code, output = watcher.finish(timeout=180)
+        assert code == 0, output
+        status = json.loads(run_cli("status", run_id, "--json").stdout)
+        assert status["result"] == "succeeded", status
+        assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)  # a late replacement is cancelled
+    finally:
+        slurm.resume(down)

@@ -244,6 +244,20 @@ class SlurmBackend(Backend):
         units, _, records = self._units(info)
         return list(dict.fromkeys(incarnations.every_unit(self._first_jobs(info), records)))
 
+    def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
+        """The run has ended: a one-node job still waiting or running for it (a replacement that came too late)
+        has nothing left to join, and is cancelled."""
+        from launcher.backends.slurm import engine
+
+        if not info.backend_ids.get("job_id"):
+            return []
+        try:
+            active = [job.job_id for job in engine.jobs(self._every_job(info)).values() if job.active]
+            engine.cancel(active)
+        except BackendError:
+            return []  # the controller cannot be asked now; the next command that sees the run ended tries again
+        return [f"Slurm job {job_id}" for job_id in active]
+
     def stop(self, info: RunInfo, grace: float) -> list[str]:
         """The nodes were asked to stop through the work dir (their outputs synced); the run's jobs are cancelled
         once they have ended, or after ``grace`` seconds; at once while they still wait for nodes."""

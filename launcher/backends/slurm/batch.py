@@ -62,6 +62,8 @@ def sbatch_argv(plan: Plan, output: str) -> list[str]:
             argv.append(f"--{option}={value}")
     if infra.exclusive:
         argv.append("--exclusive")
+    if spec.cluster.recovery:  # a node's failure must not end the job: the others go on, the lost one is replaced
+        argv.append("--no-kill")
     return argv + list(infra.sbatch_options)
 
 
