@@ -18,6 +18,7 @@ from clirun import Watcher, init_project, run_id_from, wait_until
 from cluster import write_spec
 from conftest import run_cli
 from slurmcluster import slurm, slurm_cluster  # noqa: F401 - fixtures
+from test_gpus import REPORT, fake_gpus  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
@@ -309,3 +310,59 @@ def test_a_node_marked_down_while_training_is_replaced_and_the_run_goes_on(tmp_p
         assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)  # a late replacement is cancelled
     finally:
         slurm.resume(down)
+
+
+@pytest.mark.parametrize("cluster, infra, requested", [
+    ({"processesPerNode": "auto"}, {}, None),  # each node counts what it sees
+    ({}, {}, None),  # no processesPerNode: one CPU process, no GPUs asked for
+    ({"processesPerNode": 4}, {}, "--gpus-per-node=4"),  # one GPU per training process
+    ({"processesPerNode": 4}, {"gpusPerNode": 0}, None),  # a CPU cluster: none
+    ({"processesPerNode": "auto"}, {"gpusPerNode": 8}, "--gpus-per-node=8"),
+])
+def test_the_gpus_asked_for_follow_the_spec(tmp_path, launcher_home, cluster, infra, requested):
+    spec = on_slurm(write_spec(tmp_path, REPORT, nodes=2, extra_cluster=cluster), **infra)
+    dry = run_cli("run", "-f", str(spec), "--dry-run", "--output", "json", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    argv = json.loads(dry.stdout)["requests"][0]["body"]["argv"]
+    assert [token for token in argv if token.startswith("--gpus-per-node")] == ([requested] if requested else [])
+
+
+def test_auto_counts_the_gpus_each_slurm_node_sees(tmp_path, launcher_home, slurm, fake_gpus):
+    fake_gpus(2)  # the fake nvidia-smi on PATH reaches the nodes through sbatch --export=ALL
+    spec = on_slurm(write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": "auto"}))
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = re.findall(r"rank (\d) of (\d) local (\d) of (\d) ", done.stdout)
+    assert sorted(ranks) == [("0", "4", "0", "2"), ("1", "4", "1", "2"), ("2", "4", "0", "2"), ("3", "4", "1", "2")]
+    assert done.stdout.count("(2 training processes, 2 GPUs)") == 2, done.stdout  # one per GPU, on each node
+
+
+def test_a_killed_node_of_a_static_run_fails_it_fast_naming_the_node(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, FOREVER, nodes=2))
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    run_id = run_id_from(started.stdout)
+    watcher = Watcher(run_id, dict(os.environ))
+    watcher.wait_for(r"rank 1 of 2 training")
+    (bootstrap,) = _task_pids(run_id, 1, bootstrap_only=True)
+    os.kill(bootstrap, signal.SIGKILL)
+    code, output = watcher.finish(timeout=60)  # its task's parent records it at once; the main stops
+    assert code == 1, output
+    assert re.search(rf"run {run_id} failed: node t-worker-0 (\(rank 1\) )?exited with status 137", output), output
+    assert "node process killed by SIGKILL" in output
+    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+
+
+def test_a_job_past_its_time_limit_ends_with_timeout_named(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, FOREVER, nodes=2), time=1)  # one minute
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    run_id = run_id_from(started.stdout)
+    job = job_of(launcher_home, run_id)
+    watcher = Watcher(run_id, dict(os.environ))
+    code, output = watcher.finish(timeout=240)
+    assert code == 1, output
+    assert f"run {run_id} failed" in output, output
+    assert re.search(rf"cause: Slurm ended job {job}: (TIMEOUT on n\[1-2\]|its time limit of 1 min ran out \(TIMEOUT\))",
+                     output), output
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "failed" and "time limit" in status["first_failure"]["reason"], status
+    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)

@@ -129,6 +129,8 @@ class SlurmBackend(Backend):
         first = jobs.get(ids["job_id"])
         if first is not None and first.waiting and self._waited_too_long(info, first):
             return {}  # cancelled just now; the next look sees the job's end
+        if first is not None and first.ended_by_slurm:
+            self._record_engine_end(info, first)
         fates = {name: self._fate(info, name, units[name], jobs.get(units[name]), run) for name in info.nodes}
         if run is None:
             return fates
@@ -211,6 +213,25 @@ class SlurmBackend(Backend):
         engine.cancel([job.job_id])
         return True
 
+    @staticmethod
+    def _record_engine_end(info: RunInfo, job: Job) -> None:
+        """Slurm ended the job itself (its time limit, a node's failure, preemption): the nodes saw a SIGTERM, or
+        a peer vanish, and said so; the run's cause is Slurm's reason, recorded once in the work dir for every
+        reader, dated when Slurm ended the job so that it comes before what followed from it."""
+        from launcher.node.control import CONTROL_PREFIX, cancel_requested
+
+        run = WorkDir(info.run_url)
+        key = f"{CONTROL_PREFIX}/failed.slurm-job-{job.job_id}.json"
+        if cancel_requested(run) or run.get_record(key):
+            return
+        if any(run.get_record(status_key(name)).get("state") == "succeeded" for name in info.nodes):
+            return  # the run got to its end (a recovering run, without the node Slurm lost): that result stands
+        ended = [at for at in (job.start_time + job.time_limit if job.past_time_limit and job.time_limit else None,
+                               job.end_time) if at]
+        run.put(key, json.dumps({"node": info.nodes[0], "rank": None, "exit_code": None,
+                                 "reason": f"Slurm ended job {job.job_id}: {job.why_ended()}",
+                                 "at": min(ended) if ended else time.time(), "reported_by": "slurm"}).encode())
+
     def _gave_up(self, info: RunInfo) -> str | None:
         """Why launcher cancelled the job that waited too long, where it did (the job then reads CANCELLED)."""
         try:
@@ -245,14 +266,14 @@ class SlurmBackend(Backend):
         return list(dict.fromkeys(incarnations.every_unit(self._first_jobs(info), records)))
 
     def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
-        """The run has ended: a one-node job still waiting or running for it (a replacement that came too late)
-        has nothing left to join, and is cancelled."""
+        """The run has ended: a job still waiting for nodes (a replacement that came too late) has nothing left
+        to join, and is cancelled; those running end on their own (a late node finds the run over)."""
         from launcher.backends.slurm import engine
 
         if not info.backend_ids.get("job_id"):
             return []
         try:
-            active = [job.job_id for job in engine.jobs(self._every_job(info)).values() if job.active]
+            active = [job.job_id for job in engine.jobs(self._every_job(info)).values() if job.waiting]
             engine.cancel(active)
         except BackendError:
             return []  # the controller cannot be asked now; the next command that sees the run ended tries again

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -18,6 +19,8 @@ ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
                  "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"}
 # states whose exit code is the batch script's own (the others end it with a signal, or never start it)
 EXIT_CODE_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY"}
+ENDED_BY_SLURM = {"TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL"}
+ENDING_REASONS = {"TimeLimit", "NodeDown", "OutOfMemory", "DeadLine"}  # why a COMPLETING job is being ended
 WAITING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 
 
@@ -32,6 +35,7 @@ class Job:
     exit_code: int | None  # the batch script's exit status, where the job has ended
     end_time: float | None
     start_time: float = 0.0  # when it started running (0: not yet, or not stated)
+    time_limit: float | None = None  # seconds (None: unlimited, or not stated)
 
     @property
     def active(self) -> bool:
@@ -40,6 +44,22 @@ class Job:
     @property
     def waiting(self) -> bool:
         return self.state in WAITING_STATES
+
+    @property
+    def past_time_limit(self) -> bool:
+        return bool(self.time_limit and self.start_time and time.time() >= self.start_time + self.time_limit)
+
+    @property
+    def ended_by_slurm(self) -> bool:
+        """Slurm ends (or has ended) the job itself: its time limit, a node's failure, preemption, memory. Its
+        state may say so a moment after the nodes got their SIGTERM: a job past its time limit is one already."""
+        return self.state in ENDED_BY_SLURM or (self.state == "COMPLETING" and self.reason in ENDING_REASONS) \
+            or self.past_time_limit
+
+    def why_ended(self) -> str:
+        if self.past_time_limit and self.state != "TIMEOUT":
+            return f"its time limit of {self.time_limit / 60:g} min ran out (TIMEOUT)"
+        return self.describe()
 
     def describe(self) -> str:
         """One line: ``PENDING (Resources)``, ``RUNNING on n[1-3]``, ``TIMEOUT on n[1-3]``."""
@@ -103,7 +123,15 @@ def _from_json(data: dict) -> Job:
                # whole seconds: the end is taken as late as it can be, so that a cancel asked for in that
                # second is not taken for a failure that came before it
                float(end) + 0.999 if end and state not in ACTIVE_STATES else None,
-               float(data.get("start_time") or 0) if state not in WAITING_STATES else 0.0)
+               float(data.get("start_time") or 0) if state not in WAITING_STATES else 0.0,
+               _minutes(data.get("time_limit")))
+
+
+def _minutes(value: object) -> float | None:
+    """squeue --json's time_limit: minutes (later versions: {"set": bool, "number": N}); None when unlimited."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set") and not value.get("infinite") else None
+    return value * 60.0 if isinstance(value, int) and value > 0 else None
 
 
 def _exit_status(value: object) -> int | None:
