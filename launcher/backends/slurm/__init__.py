@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from typing import Any, Sequence
 
@@ -29,10 +28,10 @@ from launcher.runs.state import RunInfo, runs_dir
 from launcher.spec.model import Spec
 from launcher.workdirs import resolve_local, scheme
 
-STOP_POLL_SECONDS = 0.5
-JOB_ANSWER_SECONDS = 1.0
+STOP_POLL_SECONDS = 0.5  # while cancel waits for the nodes to end on their own: the controller has no events
+JOB_ANSWER_SECONDS = 1.0  # how long one answer of the controller serves (the fates and the engine's line of a look)
 INCARNATIONS = "slurm/incarnations"  # lost nodes and the one-node jobs that started them again (runs.incarnations)
-GAVE_UP_FILE = "slurm-gave-up.txt"  # in the run's state dir: why launcher cancelled a job that waited too long  # while cancel waits for the nodes to end on their own: the controller has no events
+GAVE_UP_FILE = "slurm-gave-up.txt"  # in the run's state dir: why launcher cancelled a job that waited too long
 
 
 class SlurmBackend(Backend):
@@ -67,9 +66,9 @@ class SlurmBackend(Backend):
         return [Request("sbatch", job_name(plan.run_id), {"argv": argv, "script": script})]
 
     def check(self, dryrun: DryRun) -> list[str]:
-        if shutil.which("sbatch") is None:
-            raise BackendError("sbatch is not installed here (or not on PATH): the slurm backend submits with "
-                               "Slurm's own commands; run launcher on a login node of the cluster")
+        from launcher.backends.slurm import engine
+
+        engine.require("sbatch")
         if dryrun.plan.spec.warnings:  # the nodes run the code directory as it is: this would fail on every node
             raise BadInput("\n".join(dryrun.plan.spec.warnings))
         return []

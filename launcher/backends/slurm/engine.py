@@ -68,11 +68,16 @@ class Job:
         return f"{self.state}{where}{reason}"
 
 
+def require(command: str) -> None:
+    """A Slurm command this machine lacks is a clear error, before anything is recorded."""
+    if shutil.which(command) is None:
+        raise BackendError(f"{command} is not installed here (or not on PATH): the slurm backend submits and "
+                           "follows jobs with Slurm's own commands; run launcher on a login node of the cluster")
+
+
 def _command(argv: Sequence[str], *, stdin: str | None = None,
              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
-    if shutil.which(argv[0]) is None:
-        raise BackendError(f"{argv[0]} is not installed here (or not on PATH): the slurm backend submits and "
-                           "follows jobs with Slurm's own commands; run launcher on a login node of the cluster")
+    require(argv[0])
     try:
         return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
                               env=None if env is None else {**os.environ, **env})
