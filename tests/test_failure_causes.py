@@ -4,7 +4,8 @@ Through the real CLI with real torchrun on 2 local nodes, most failing after a g
 exists (torch then prefixes each line of the traceback with ``[rankN]: ``): an exception in a
 function, at module level, in a ``@record``-decorated function, an allocation failure; before the
 group exists; an ImportError; a SyntaxError in the entry script and in a module imported later; a
-``module:`` entry point that does not exist; and, with 2 processes per node, a rank that raised
+``module:`` entry point that does not exist; a refusal of ``launcher.data`` raised under torch's
+DataLoader (the frame is the user's line, not launcher's or torch's); and, with 2 processes per node, a rank that raised
 while the ranks waiting on it (on both nodes) report gloo connection errors. Then the parser on
 captured text.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,7 +23,8 @@ import yaml
 from clirun import run_failing, run_id_from
 from cluster import write_spec
 from conftest import run_cli
-from launcher.node.cause import diagnose, from_stderr
+from launcher.node.cause import diagnose, from_stderr, library_file
+from launcher.node.stacks import Frame, RankStack
 
 RAISES_IN_A_FUNCTION = """
 import torch.distributed as dist
@@ -98,6 +101,17 @@ if dist.get_rank() == 1:
 dist.barrier()
 """
 
+# Raised in launcher's own library (launcher/data/sampler.py), called from torch's DataLoader, called from
+# the user's loop: the summary points at the loop (issue 26), not at launcher's `raise` or torch's frames.
+PLAIN_DATALOADER_WITH_ELASTIC_SAMPLER = """
+from torch.utils.data import DataLoader
+from launcher.data import ElasticSampler
+sampler = ElasticSampler(8, records=False)
+loader = DataLoader(list(range(8)), sampler=sampler, batch_size=2, num_workers=2)
+for batch in loader:
+    print(batch)
+"""
+
 # The rank that raised ends last, as one tearing down a CUDA context does: its peers' gloo errors
 # reach torchrun first, on its own node as on the other.
 RAISES_AND_ENDS_LAST = """
@@ -144,6 +158,9 @@ ROWS = {
     "SyntaxError in a module imported later": Row(
         IMPORTS_A_SYNTAX_ERROR, "SyntaxError: '[' was never closed", "augment.py:2: return image[:, ::-1",
         files={"augment.py": "def flip(image):\n    return image[:, ::-1\n"}),
+    "launcher.data refusal under torch's DataLoader": Row(
+        PLAIN_DATALOADER_WITH_ELASTIC_SAMPLER, "RuntimeError: ElasticSampler with 2 training processes",
+        "job.py:6 in <module>: for batch in loader:", rank=None),
     "module entry point that does not exist": Row(
         "", "Error while finding module specification for 'trainer.main' "
             "(ModuleNotFoundError: No module named 'trainer')", None, rank=None, entry={"module": "trainer.main"}),
@@ -238,6 +255,60 @@ def test_a_traceback_is_read_whatever_its_prefix(prefix):
 def test_a_traceback_that_lost_its_top_still_names_the_exception():
     assert from_stderr(GLOO_ERROR[1:]) == (GLOO_ERROR[-1][len("[rank2]: "):], "/code/train.py:9 in <module>: "
                                                                              "dist.barrier()")
+
+
+# As rank 1 printed it (the run above), launcher installed in another place than this test's: in an
+# image's copy, and as a relative path (a checkout on PYTHONPATH as ".").
+LIBRARY_REFUSAL = """\
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/code/train.py", line 31, in <module>
+[rank1]:     main()
+[rank1]:   File "/code/train.py", line 24, in main
+[rank1]:     for batch in loader:
+[rank1]:   File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 494, in __iter__
+[rank1]:     return self._get_iterator()
+[rank1]:            ^^^^^^^^^^^^^^^^^^^^
+[rank1]:   File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 715, in _next_index
+[rank1]:     return next(self._sampler_iter)  # may raise StopIteration
+[rank1]:            ^^^^^^^^^^^^^^^^^^^^^^^^
+[rank1]:   File "/venv/lib/python3.11/site-packages/torch/utils/data/sampler.py", line 334, in __iter__
+[rank1]:     sampler_iter = iter(self.sampler)
+[rank1]:                    ^^^^^^^^^^^^^^^^^^
+[rank1]:   File "LAUNCHER/data/sampler.py", line 131, in __iter__
+[rank1]:     raise RuntimeError(
+[rank1]: RuntimeError: ElasticSampler with 2 training processes must be read through launcher.data.ElasticLoader""".splitlines()
+
+
+@pytest.mark.parametrize("launcher_dir", ["/opt/node/.launcher/launcher", "launcher", "/work/src/launcher"])
+def test_a_frame_in_launchers_own_library_or_torchs_is_not_the_users(launcher_dir):
+    lines = [line.replace("LAUNCHER", launcher_dir) for line in LIBRARY_REFUSAL]
+    assert from_stderr(lines) == ("RuntimeError: ElasticSampler with 2 training processes must be read through "
+                                  "launcher.data.ElasticLoader", "/code/train.py:24 in main: for batch in loader:")
+    torch_elsewhere = [line.replace("/venv/lib/python3.11/site-packages/torch", "/opt/pytorch/torch") for line in lines]
+    assert from_stderr(torch_elsewhere)[1] == "/code/train.py:24 in main: for batch in loader:"
+
+
+def test_what_is_a_library_file():
+    import launcher
+
+    own = f"{Path(launcher.__file__).parent}/data/sampler.py"
+    for path in (own, "launcher/node/main.py", "/elsewhere/launcher/data/loader.py", "<frozen runpy>",
+                 "/usr/lib/python3.11/runpy.py", "/venv/lib/python3.11/site-packages/numpy/core/fromnumeric.py",
+                 "/opt/pytorch/torch/utils/data/dataloader.py"):
+        assert library_file(path), path
+    # the user's: their own files, whatever the directory is called, and code run from a string
+    for path in ("/code/train.py", "/code/launcher/train.py", "/code/launcher_utils/data/sampler.py",
+                 "/code/data/sampler.py", "<string>", "train.py"):
+        assert not library_file(path), path
+
+
+def test_a_hung_ranks_place_is_the_users_line_not_launchers():
+    import launcher
+
+    stack = RankStack(0, (Frame(f"{Path(launcher.__file__).parent}/data/store.py", 80, "read"),
+                          Frame("/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", 715, "_next_index"),
+                          Frame("/code/train.py", 24, "main"), Frame("/code/train.py", 31, "<module>")))
+    assert str(stack.innermost_user_frame) == "/code/train.py:24 in main"
 
 
 def test_a_syntax_error_and_a_missing_module():

@@ -5,7 +5,9 @@ file), the first one it saw end as the root cause. Each one's exception and inne
 code come from the error file a script decorated with torch's ``@record`` writes, else from the last
 lines that rank wrote to stderr: a traceback (whatever prefix its lines carry: torch adds
 ``[rank3]: `` once a process group exists), a SyntaxError's caret block, or the one line
-``python -m`` prints when there is nothing to run.
+``python -m`` prints when there is nothing to run. The frame is the user's own line: frames in
+Python's files, an installed package's, torch's or launcher's own (a refusal of ``launcher.data``
+raised under the user's ``for batch in loader``) are the library's, not the place to fix.
 
 The rank torchrun saw end first is not always the one that failed first: a rank that only lost a
 peer (a gloo or NCCL connection error) often ends before the rank that raised has finished
@@ -14,9 +16,12 @@ exiting. Such a cause gives way to another failed rank of this node with an exce
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path, PurePosixPath
 from typing import Iterable, Mapping, Sequence
 
 from launcher.node.exits import killed_by, signal_name
@@ -32,6 +37,9 @@ _PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote p
                         r"communicator was aborted|collective operation timeout|Timed out waiting|"
                         r"Dist(Backend|Network|Store)Error")
 LIBRARY_PATHS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+# Packages whose files are libraries wherever they lie (an editable install, a checkout on PYTHONPATH, an
+# image's copy): launcher itself (launcher.data runs inside the training processes) and torch.
+LIBRARY_PACKAGES = ("launcher", "torch")
 STDERR_TAIL_LINES = 10  # kept in the cause, for the status record and failure marker
 
 
@@ -136,13 +144,44 @@ def from_stderr(lines: Sequence[str]) -> tuple[str | None, str | None]:
     for index, line in enumerate(block):
         found = _FRAME.match(line)
         if found:
-            if not any(part in found.group(1) for part in LIBRARY_PATHS):
+            if not library_file(found.group(1)):
                 code = block[index + 1] if index + 1 < len(block) else ""
                 frame = _frame_text(*found.groups(), code.strip() if code.startswith("    ") else "")
         elif line.strip() and not line.startswith(" "):  # the first unindented line ends the frames
             exception = line.strip()
             break
     return exception, frame
+
+
+def library_file(path: str) -> bool:
+    """A file of Python's, of an installed package, or of launcher's or torch's own (see LIBRARY_PACKAGES), as a
+    traceback or a stack names it: not the user's code. A package's file is recognised under the directory
+    this process imports it from, or as ``.../launcher/<a file of that package>`` (the same package at another
+    place: a relative path, another installation of it)."""
+    if any(part in path for part in LIBRARY_PATHS):
+        return True
+    parts = PurePosixPath(path).parts
+    for package, directory in _package_dirs():
+        if path.startswith(f"{directory}/") or path.startswith(f"{directory.resolve()}/"):
+            return True
+        for index, part in enumerate(parts[:-1]):
+            if part == package and (directory / Path(*parts[index + 1:])).is_file():
+                return True
+    return False
+
+
+@lru_cache(maxsize=None)
+def _package_dirs() -> tuple[tuple[str, Path], ...]:
+    """(name, directory) of each of LIBRARY_PACKAGES this Python can import, found without importing it."""
+    found = []
+    for package in LIBRARY_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            found.append((package, Path(location)))
+    return tuple(found)
 
 
 def _last_traceback(lines: Sequence[str]) -> list[str] | None:

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.node.cause import library_file
+
 STACK_SIGNAL = signal.SIGRTMIN + 4  # real-time: no framework we know of uses it (Lightning uses SIGUSR1)
 HOOKS_DIR = str(Path(__file__).resolve().parent / "rankhooks")
 DUMP_WAIT_SECONDS = 2.0
@@ -47,13 +49,9 @@ class RankStack:
 
     @property
     def innermost_user_frame(self) -> Frame | None:
-        """The most recent frame outside Python's and torch's own files."""
-        return next((frame for frame in self.frames if not _library(frame.file)), None)
-
-
-def _library(path: str) -> bool:
-    return path.startswith("<frozen") or any(part in path for part in ("/site-packages/", "/dist-packages/",
-                                                                        "/lib/python3"))
+        """The most recent frame of the user's code: outside Python's, installed packages', torch's and launcher's
+        own files (the line of the user's that called into them)."""
+        return next((frame for frame in self.frames if not library_file(frame.file)), None)
 
 
 def hook_env(stacks_dir: str, base_pythonpath: str | None) -> dict[str, str]:
