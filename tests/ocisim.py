@@ -434,6 +434,11 @@ class OciSim:
         key = (namespace, bucket, name)
         with self.lock:
             if method == "PUT":
+                # PutObject with ``if-none-match: *`` fails if the object exists, checked and written as one step
+                # (under the lock): the SDK's put_object documents the header ("The only valid value is '*', which
+                # indicates that the request should fail if the resource already exists",
+                # oci/object_storage/object_storage_client.py), and its oci/base_client.py names the answer
+                # Object Storage gives, HTTP 412 (Precondition Failed) with code IfNoneMatchFailed.
                 if headers.get("if-none-match") == "*" and key in self.objects:
                     raise Refused(412, "IfNoneMatchFailed", f"object {name} already exists")
                 self.objects[key] = (body, time.time())

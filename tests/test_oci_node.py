@@ -1,5 +1,6 @@
 """The OCI pieces that need no training run: how a node names itself and finds its address, image references,
-exit codes, the default port, and Logging searches (through the real SDK against tests/ocisim.py)."""
+exit codes, the default port, Logging searches and create-if-absent on an ``oci://`` work dir (through the real
+SDK and ocifs against tests/ocisim.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import datetime
 import json
 import threading
 import time
+import urllib.parse
 
 import pytest
 
@@ -256,3 +258,63 @@ def test_a_node_that_claims_a_name_again_starts_as_its_next_incarnation(tmp_path
     assert (first.node, first.incarnation) == ("w-1", 0)
     again = from_env({**env, **replica(2)})
     assert (again.node, again.incarnation) == ("w-1", 1)
+
+
+# -- create-if-absent on an oci:// work dir, through ocifs against the simulation ------------------------------------
+@pytest.fixture
+def oci_work_dir(tmp_path, monkeypatch):
+    """The simulation, and a function that opens ``oci://runs@simns/wd/r`` as a fresh client (a separate machine)."""
+    from ocisim import OciSim
+
+    sim = OciSim(tmp_path)
+    monkeypatch.setenv("LAUNCHER_OCI_ENDPOINT", sim.endpoint)
+    monkeypatch.setenv("OCI_CLI_CONFIG_FILE", str(sim.write_config(tmp_path)))
+    monkeypatch.delenv("OCI_RESOURCE_PRINCIPAL_VERSION", raising=False)
+    yield sim, lambda: WorkDir("oci://runs@simns/wd/r", fresh_instance=True, attempts=2)
+    sim.stop()
+
+
+def test_two_creates_of_one_key_at_once_on_oci_exactly_one_wins(oci_work_dir):
+    """Both PUTs reach Object Storage before either is answered (the simulation holds each until the other has
+    arrived): a create that checked, then wrote, would see the key absent twice and both would win. With
+    ``if-none-match: *`` the store decides: one is written, the other refused with 412, and its node reads the
+    winner's bytes. As a round's decision is made (rounds/{r}.json, docs/protocol.md "Recovery")."""
+    sim, open_work_dir = oci_work_dir
+    served = sim._object
+    arrived = threading.Barrier(2, timeout=20)
+
+    def both_in_flight(method, namespace, bucket, name, *rest):
+        if method == "PUT" and name.endswith("rounds/00001.json"):
+            arrived.wait()
+        return served(method, namespace, bucket, name, *rest)
+
+    sim._object = both_in_flight
+    stores = {node: open_work_dir() for node in ("m", "w-0")}
+    created: dict[str, bool] = {}
+    threads = [threading.Thread(target=lambda node=node, store=store: created.__setitem__(
+        node, store.create("rounds/00001.json", f"members chosen by {node}".encode()))) for node, store in stores.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(created.values()) == [False, True], created
+    [winner] = [node for node, won in created.items() if won]
+    for store in stores.values():
+        assert store.get("rounds/00001.json") == f"members chosen by {winner}".encode()
+    def the_key(path: str) -> bool:
+        return urllib.parse.unquote(path.split("?")[0]).endswith("/wd/r/rounds/00001.json")
+
+    refused = [(method, status, code) for method, path, status, code in sim.refusals if the_key(path)]
+    assert refused == [("PUT", 412, "IfNoneMatchFailed")], sim.refusals
+    asked = [method for method, path, _ in sim.requests if the_key(path)]
+    assert asked[:2] == ["PUT", "PUT"], asked  # no look before the write: the store alone decides
+
+
+def test_a_create_of_a_key_that_exists_on_oci_is_refused_and_keeps_the_first_bytes(oci_work_dir):
+    sim, open_work_dir = oci_work_dir
+    store = open_work_dir()
+    assert store.create("attempts/2.json", b"first") is True
+    assert open_work_dir().create("attempts/2.json", b"second") is False
+    assert store.get("attempts/2.json") == b"first"
+    store.put("attempts/2.json", b"replaced")  # a plain put still replaces (no header)
+    assert store.get("attempts/2.json") == b"replaced"
