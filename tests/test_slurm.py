@@ -276,7 +276,7 @@ def test_scale_adds_a_node_as_a_one_node_job_and_removes_it_through_the_work_dir
     added = yaml.safe_load((launcher_home / "runs" / run_id / "info.yaml").read_text())["backend_ids"]["added"]
     shown = slurm.command("scontrol", "-o", "show", "job", added["t-worker-1"]).stdout
     assert f"JobName=launcher:{run_id}:t-worker-1 " in shown and re.search(r"NumNodes=1(-1)? ", shown), shown
-    watcher.wait_for(r"\[t-main     r0\] rank 0 of 3 round [1-9]", timeout=120)  # the added node trains with them
+    watcher.wait_for(r"\[t-worker-1 r2\] rank 2 of 3 round [1-9]", timeout=120)  # watch follows the added node
     assert re.search(rf"Slurm job {added['t-worker-1']}: \w+.* \(t-worker-1, added\)", run_cli("status", run_id).stdout)
     mark = watcher.mark()
     shrunk = run_cli("scale", run_id, "--nodes", "2")

@@ -18,7 +18,7 @@ from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, BadInput
 from launcher.node.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
 from launcher.runs.attempts import current_url, started_line
-from launcher.runs.state import RunInfo, resolve_run
+from launcher.runs.state import RunInfo, reread, resolve_run
 from launcher.runs.view import RunView, closing_line, open_run, read_view, record_lost
 
 LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per node
@@ -68,7 +68,7 @@ class LogFollower:
             raise BadInput(f"no node {', '.join(unknown)} in run {info.run_id}; nodes: {', '.join(info.nodes)}")
         self.info = info
         self.out = out
-        self.nodes = nodes or info.nodes
+        self.nodes = list(nodes or info.nodes)
         self.since = since
         self.tail = tail  # per node, of what is there at the first poll; later lines all print
         self.run = open_run(info)
@@ -80,6 +80,15 @@ class LogFollower:
         self._order = {name: index for index, name in enumerate(info.nodes)}
         self.verbose = verbose  # torchrun's own messages too
         self._progress_open = False  # a progress line is on screen, to be replaced or ended
+
+    def add_nodes(self, names: list[str]) -> None:
+        """Follow nodes that joined the run since (``launcher scale``), from their first line."""
+        for name in names:
+            if name not in self._cursors:
+                self.nodes.append(name)
+                self._cursors[name] = _Cursor()
+                self._order[name] = len(self._order)
+        self.width = max(len(n) for n in self.nodes)
 
     def prefix(self, node: str, rank: str | None = None) -> str:
         """``[node rRANK]`` for a training process's line; ``[node]`` for what concerns the node."""
@@ -213,6 +222,11 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
     next_view = 0.0
     while True:
         if time.monotonic() >= next_view:
+            recorded = reread(info)  # `launcher scale` may have added nodes since
+            if len(recorded.nodes) > len(info.nodes):
+                info = recorded
+                if nodes is None:
+                    follower.add_nodes(info.nodes)
             view = read_view(info, follower.run, backend)
             engine = backend.engine_state(info)
             if engine and engine != engine_said:  # a batch job's wait and why, its nodes, how it ended
