@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from launcher import __version__
 from launcher.errors import EXIT_BACKEND, LauncherError, SpecError
+
+if TYPE_CHECKING:
+    from launcher.spec import Overrides
 
 BACKENDS = ("local", "docker", "oci", "slurm")
 
@@ -20,6 +23,29 @@ def _spec_arg(parser: argparse.ArgumentParser) -> None:
 def _run_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", nargs="?", metavar="RUN",
                         help="run id, path to an info.yaml, or nothing for the latest run")
+
+
+def _override_args(parser: argparse.ArgumentParser) -> None:
+    """The spec's command-line overrides (launcher.spec.overrides), the same for every verb that takes them:
+    ``--set``, ``--env``, ``--nodes``, and ``-- ARGS`` (split off in :func:`main`); read by :func:`_overrides`."""
+    parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                        help="override any spec field (the value is YAML), e.g. "
+                        "--set spec.cluster.spec.worker.replicas=3; list items by number: env[0].value or "
+                        "env.0.value (repeatable)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="add or replace an environment variable of every node (repeatable)")
+    parser.add_argument("--nodes", type=_positive_int, metavar="N", help="total number of nodes (main + workers)")
+    parser.epilog = ("Arguments after -- replace the spec's runtime args and kwargs: "
+                     f"{parser.prog} -f train.yaml -- --epochs 3")
+    parser.set_defaults(takes_overrides=True)
+
+
+def _overrides(args: argparse.Namespace) -> Overrides:
+    """What :func:`_override_args` parsed (with the arguments after ``--``), as ``launcher.spec.Overrides``."""
+    from launcher.spec import Overrides
+
+    return Overrides(sets=tuple(args.set), env=tuple(args.env), nodes=args.nodes,
+                     args=None if args.trailing is None else tuple(args.trailing))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,14 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(for docker logs / inspect); they are removed otherwise")
     p.add_argument("--resume-from", metavar="RUN", help="restore the outputs (checkpoints) of an earlier run first")
     p.add_argument("--run-id", help="use this run id instead of a new one (it must not have been used before)")
-    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
-                   help="override any spec field (the value is YAML), e.g. --set spec.cluster.spec.worker.replicas=3;"
-                   " list items by number: env[0].value or env.0.value (repeatable)")
-    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="add or replace an environment variable of every node (repeatable)")
-    p.add_argument("--nodes", type=_positive_int, metavar="N", help="total number of nodes (main + workers)")
-    p.epilog = ("Arguments after -- replace the spec's runtime args and kwargs: "
-                "launcher run -f train.yaml -- --epochs 3")
+    _override_args(p)
     p.set_defaults(handler=_run)
 
     p = verbs.add_parser("build", help="build the node image (\"@image\" in the spec) with the Docker engine")
@@ -73,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_arg(p)
     p.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    _override_args(p)
     p.set_defaults(handler=_compose)
 
     p = verbs.add_parser("watch", help="follow the merged log of every node until the run ends")
@@ -173,12 +193,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from launcher.commands.run import run
-    from launcher.spec import Overrides
 
-    overrides = Overrides(sets=tuple(args.set), env=tuple(args.env), nodes=args.nodes,
-                          args=None if args.trailing is None else tuple(args.trailing))
     return run(args.file, backend=args.backend, dry_run=args.dry_run, output=args.output, detach=args.detach,
-               resume_from=args.resume_from, run_id=args.run_id, verbose=args.verbose, overrides=overrides,
+               resume_from=args.resume_from, run_id=args.run_id, verbose=args.verbose, overrides=_overrides(args),
                keep=args.keep)
 
 
@@ -192,7 +209,7 @@ def _build(args: argparse.Namespace) -> int:
 def _compose(args: argparse.Namespace) -> int:
     from launcher.commands.compose import write_compose
 
-    return write_compose(args.file, args.output, force=args.force)
+    return write_compose(args.file, args.output, force=args.force, overrides=_overrides(args))
 
 
 def _watch(args: argparse.Namespace) -> int:
@@ -252,8 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         split = argv.index("--")
         argv, trailing = argv[:split], argv[split + 1:]
     args = parser.parse_args(argv)
-    if trailing is not None and args.verb != "run":
-        parser.error(f"arguments after -- are only for launcher run, not {args.verb}")
+    if trailing is not None and not getattr(args, "takes_overrides", False):
+        parser.error(f"arguments after -- are only for launcher run and launcher compose, not {args.verb}")
     args.trailing = trailing
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from launcher.backends.docker.containers import container_specs, s3_client_env
 from launcher.image.context import GENERATED_COMPOSE_HEADER
@@ -14,12 +14,15 @@ def _literal(value: str) -> str:
     return value.replace("$", "$$")
 
 
-def compose_header(run_id: str) -> str:
-    """The file's first lines; the first marks it as generated, so that no image build sends it."""
+def compose_header(run_id: str, overrides: Sequence[str] = ()) -> str:
+    """The file's first lines; the first marks it as generated, so that no image build sends it. ``overrides``:
+    the command-line options that changed the spec (as the run record shows them, secrets masked)."""
+    shown = " ".join(option.replace("\r", "\\r").replace("\n", "\\n") for option in overrides)  # one comment line
+    made_with = f"# The spec's overrides: {shown}\n" if overrides else ""
     return (f"{GENERATED_COMPOSE_HEADER} for run {run_id}: run it once, with\n"
             "#   docker-compose -f FILE up --abort-on-container-exit\n"
             f"# then `launcher watch {run_id}` / `launcher status {run_id}`; remove its containers and network\n"
-            "# with `docker-compose -f FILE down`. For another run, generate the file again.\n")
+            "# with `docker-compose -f FILE down`. For another run, generate the file again.\n" + made_with)
 
 
 def compose_document(plan: Plan, gpu_shares: list[str] | None, environ: Mapping[str, str]) -> dict[str, Any]:

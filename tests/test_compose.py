@@ -109,3 +109,77 @@ def test_compose_never_overwrites_without_force(compose_file, tmp_path):
     assert compose_file.read_text() == before
     forced = run_cli("compose", "-f", str(local_spec(tmp_path)), "-o", str(compose_file), "--force")
     assert forced.returncode == 0 and compose_file.read_text() != before  # a new run id
+
+
+# -- run's overrides (--set, --env, --nodes, -- ARGS), on compose too (issue 26) --------------------------------------
+OVERRIDES = ["--set", "spec.cluster.spec.workDir=./wd", "--env", "MODE=test", "--env", "HF_TOKEN=hf_abc123",
+             "--nodes", "2", "--", "--epochs", "1"]
+
+
+def test_a_spec_whose_work_dir_needs_credentials_is_composed_for_a_local_test_without_editing_it(
+        tmp_path, launcher_home):
+    """The seed's work dir is oci://: compose alone refuses it (no OCI credentials here); with run's overrides it
+    writes a local cluster, the file untouched, and records the run with its overrides as run does."""
+    spec = tmp_path / "train.yaml"
+    spec.write_text(SEED_004.read_text())
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OCI_")}
+    env["HOME"] = str(tmp_path / "home")
+    refused = run_cli("compose", "-f", str(spec), env=env)
+    assert refused.returncode == 3 and "no OCI credentials" in refused.stderr, refused.stderr
+
+    out = tmp_path / "docker-compose.yaml"
+    done = run_cli("compose", "-f", str(spec), "-o", str(out), *OVERRIDES, env=env)
+    assert done.returncode == 0, done.stderr
+    assert spec.read_text() == SEED_004.read_text()
+    text = out.read_text()
+    services = yaml.safe_load(text)["services"]
+    assert list(services) == ["PyTorch-Distributed-main", "PyTorch-Distributed-worker-0"]  # --nodes 2
+    for service in services.values():
+        environment = service["environment"]
+        assert environment["MODE"] == "test" and environment["NCCL_ASYNC_ERROR_HANDLING"] == "1"  # added to the spec's
+        assert json.loads(environment["LAUNCHER_ARGS"]) == ["--epochs", "1"]  # -- ARGS replaced the spec's args
+        assert f"{tmp_path / 'wd'}:/launcher/workdir" in service["volumes"]
+    # the file and the run record say how the spec was changed, the token masked
+    assert ("# The spec's overrides: --set spec.cluster.spec.workDir=./wd --env MODE=test --env HF_TOKEN=******** "
+            "--nodes 2 -- --epochs 1\n") in text
+    [info] = (launcher_home / "runs").glob("*/info.yaml")
+    record = yaml.safe_load(info.read_text())
+    assert record["work_dir"] == str(tmp_path / "wd") and record["nodes"] == list(services)
+    assert record["overrides"] == ["--set spec.cluster.spec.workDir=./wd", "--env MODE=test",
+                                   "--env HF_TOKEN=********", "--nodes 2", "-- --epochs 1"]
+    # the same code as run's: run --dry-run with the same options shows the same overrides and effective spec
+    dry = run_cli("run", "-f", str(spec), "--backend", "docker", "--dry-run", "--output", "json", *OVERRIDES, env=env)
+    assert dry.returncode == 0, dry.stderr
+    shown = json.loads(dry.stdout)
+    assert (shown["overrides"], shown["effective_spec"]) == (record["overrides"], record["effective_spec"])
+
+
+def test_a_bad_override_on_compose_is_reported_against_the_option_and_nothing_is_written(tmp_path, launcher_home):
+    out = tmp_path / "docker-compose.yaml"
+    done = run_cli("compose", "-f", str(local_spec(tmp_path)), "-o", str(out), "--set",
+                   "spec.cluster.spec.wroker.replicas=2")
+    assert done.returncode == 2
+    assert ("--set spec.cluster.spec.wroker.replicas=2: spec.cluster.spec.wroker: unknown key 'wroker'; "
+            "did you mean 'worker'?") in done.stderr
+    assert not out.exists() and not launcher_home.exists()
+    no_nodes = run_cli("compose", "-f", str(local_spec(tmp_path)), "--nodes", "0")
+    assert no_nodes.returncode == 2 and "--nodes: '0': must be at least 1" in no_nodes.stderr
+
+
+def test_compose_builds_the_image_of_the_spec_as_overridden(tmp_path, monkeypatch):
+    """"@image" built first by compose is built from the overridden spec: a local work dir that --set names is
+    kept out of the image, and the identity compose compares is the one the build records."""
+    from launcher.commands import build as build_module
+    from launcher.commands.compose import ensure_current_image
+    from launcher.image.identity import local_paths_kept_out
+    from launcher.spec import Overrides, load_spec
+
+    spec_file = local_spec(tmp_path)
+    spec = load_spec(spec_file, Overrides(sets=("spec.cluster.spec.workDir=./scratch",)))
+    built = []
+    monkeypatch.setattr(build_module, "build", lambda file, **options: built.append((file, options["spec"])))
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
+    ensure_current_image(spec, str(spec_file))
+    [(file, used)] = built
+    assert file == str(spec_file) and used is spec
+    assert str(tmp_path / "scratch") in local_paths_kept_out(used)

@@ -9,7 +9,7 @@ from typing import TextIO
 from launcher.errors import BackendError, BadInput
 from launcher.plan import image_build
 from launcher.spec import load_spec
-from launcher.spec.model import slug
+from launcher.spec.model import Spec, slug
 
 
 LARGE_CONTEXT_BYTES = 500 << 20
@@ -26,14 +26,15 @@ def parse_build_args(pairs: list[str]) -> dict[str, str]:
 
 
 def build(file: str, *, tag: str | None, push: bool, build_args: list[str], no_cache: bool, verbose: bool,
-          out: TextIO = sys.stdout) -> int:
+          out: TextIO = sys.stdout, spec: Spec | None = None) -> int:
+    """Build ``file``'s node image; ``spec``: that file as already loaded (with a command's overrides applied)."""
     from launcher.dockerengine import api_error_text, connect
     from launcher.image import records
     from launcher.image.context import build_context
     from launcher.image.identity import build_args_of, local_paths_kept_out
     from launcher.image.progress import BuildProgress, PushProgress
 
-    spec = load_spec(file)
+    spec = spec or load_spec(file)
     extra_args = parse_build_args(build_args)
     started = time.monotonic()
     context = build_context(spec.base_dir, keep_out=local_paths_kept_out(spec))
