@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -194,6 +197,132 @@ def test_a_work_dir_that_cannot_hold_the_records_warns_and_training_goes_on(tmp_
     assert sorted(trained) == list(range(N))
 
 
+# -- `launcher data` when an attempt is stopped before its writer's last pass -------------------------------
+
+class _Stopped:
+    """The work dir as a stopped process's writer sees it: nothing it writes from now on arrives."""
+
+    def put(self, key, data):
+        pass
+
+    def create(self, key, data):
+        return True
+
+
+def _rank(monkeypatch, wd, rank: int, world: int, round_number: int, state=None) -> ElasticSampler:
+    """Rank ``rank`` of attempt ``round_number``.0 (no process group: the start check is skipped)."""
+    monkeypatch.setenv("LAUNCHER_ROUND", str(round_number))
+    sampler = ElasticSampler(N, SHARD, shuffle=False, work_dir=str(wd), rank=rank, world_size=world)
+    sampler._checked = True
+    if state is not None:
+        sampler.load_state_dict(state)
+    return sampler
+
+
+def _begin(sampler: ElasticSampler, epoch: int):
+    """Begin ``epoch`` (closing the one before): its batches."""
+    sampler.set_epoch(epoch)
+    return sampler.batches(BATCH)
+
+
+def _consume(sampler: ElasticSampler, batches, steps: int | None = None) -> None:
+    """The loop receives ``steps`` more batches (all that are left by default)."""
+    for step, _ in enumerate(batches, 1):
+        sampler.note_batch()
+        if step == steps:
+            break
+
+
+def _shown(wd) -> list[tuple[int, str, int, int, int, int]]:
+    return [(p.epoch, p.attempt, p.shards, p.done, p.in_flight, p.left) for p in read_progress(WorkDir(str(wd)))]
+
+
+def test_a_rank_stopped_before_its_last_count_of_an_epoch_was_written_shows_the_epoch_done(monkeypatch, tmp_path):
+    # Attempt 1.0 (2 ranks) trains epoch 0 to its end. Rank 0's writer wrote its count after 5 of 7 steps; its
+    # process is stopped (a node lost) early in epoch 1, before its next pass wrote the rest or the final count.
+    # Rank 1's writer got to write its final count of epoch 0 and its start of epoch 1.
+    first, second = (_rank(monkeypatch, tmp_path, rank, 2, 1) for rank in (0, 1))
+    batches = _begin(first, 0)
+    _consume(first, batches, 5)
+    first._recorder.flush()
+    first._recorder.store = _Stopped()
+    _consume(first, batches)
+    _consume(first, _begin(first, 1), 1)
+    _consume(second, _begin(second, 0))
+    _consume(second, _begin(second, 1), 1)
+    second._recorder.flush()
+    # Attempt 2.0 resumes epoch 1 from the checkpoint taken at its first step, and trains 2 steps of it.
+    checkpoint = ElasticSampler(N, SHARD, shuffle=False)._state(1, [(0, BATCH), (25, 25 + BATCH)])
+    resumed = _rank(monkeypatch, tmp_path, 0, 2, 2, checkpoint)
+    _consume(resumed, _begin(resumed, 1), 2)
+    resumed._recorder.flush()
+    # Attempt 1.0's record of epoch 0 says rank 0 consumed 19 of its 25 samples (shard 3 of its 5 partly, shard
+    # 4 not at all), but epoch 1 began in 1.0 and 2.0: every rank of 1.0 had consumed its whole stretch of epoch 0.
+    assert _shown(tmp_path) == [(0, "1.0", 10, 10, 0, 0), (1, "2.0", 10, 2, 2, 6)]
+
+
+def test_a_resume_from_a_checkpoint_of_a_complete_epoch_records_that_epoch_done(monkeypatch, tmp_path):
+    # Attempt 0.0 trains the last epoch to its end and saves its checkpoint, but is stopped before its writer
+    # wrote more than the count after 5 of 13 steps. Attempt 1.0 starts from that checkpoint: nothing to train.
+    stopped = _rank(monkeypatch, tmp_path, 0, 1, 0)
+    batches = _begin(stopped, 0)
+    _consume(stopped, batches, 5)
+    stopped._recorder.flush()
+    stopped._recorder.store = _Stopped()
+    _consume(stopped, batches)
+    resumed = _rank(monkeypatch, tmp_path, 0, 1, 1, ElasticSampler(N, SHARD, shuffle=False)._state(0, [(0, N)]))
+    assert list(resumed.epochs(end=1)) == []
+    assert _shown(tmp_path) == [(0, "1.0", 10, 10, 0, 0)]
+    assert [p.as_dict() for p in read_progress(WorkDir(str(tmp_path)), latest_only=True)] == [
+        {"epoch": 0, "attempt": "1.0", "shards": 10, "done": 10, "in_flight": 0, "left": 0}]
+
+
+def test_epochs_a_stopped_attempt_recorded_without_a_plan_or_not_at_all_show_done_once_the_lineage_went_on(
+        monkeypatch, tmp_path):
+    # Attempt 0.0 (2 ranks): rank 0's writer wrote epoch 0 and nothing after; rank 1's wrote epochs 0 and 1, not 2.
+    # Both were stopped in epoch 3 after a checkpoint, from which attempt 1.0 resumes.
+    first, second = (_rank(monkeypatch, tmp_path, rank, 2, 0) for rank in (0, 1))
+    _consume(first, _begin(first, 0))
+    first._recorder.flush()
+    first._recorder.store = _Stopped()
+    for epoch in (1, 2):
+        _consume(first, _begin(first, epoch))
+        _consume(second, _begin(second, epoch - 1))
+    second._recorder.flush()
+    second._recorder.store = _Stopped()
+    _consume(second, _begin(second, 2))
+    resumed = _rank(monkeypatch, tmp_path, 0, 2, 1, ElasticSampler(N, SHARD, shuffle=False)._state(3, [(0, 2)]))
+    _consume(resumed, _begin(resumed, 3))  # rank 0's stretch: positions 2-25 (rank 1 records nothing)
+    resumed._recorder.flush()
+    assert _shown(tmp_path) == [(0, "0.0", 10, 10, 0, 0), (1, "0.0", 10, 10, 0, 0), (2, "-", 10, 10, 0, 0),
+                                (3, "1.0", 10, 5, 1, 4)]
+
+
+def test_ranks_that_left_an_epoch_early_show_it_partly_done_after_the_next_epoch_began(monkeypatch, tmp_path):
+    ranks = [_rank(monkeypatch, tmp_path, rank, 2, 0) for rank in (0, 1)]
+    for sampler in ranks:
+        _consume(sampler, _begin(sampler, 0), 3)  # both leave after 3 steps (break): 12 of 25 samples each
+        _consume(sampler, _begin(sampler, 1))
+        sampler._recorder.flush()
+    assert _shown(tmp_path) == [(0, "0.0", 10, 4, 2, 4), (1, "0.0", 10, 10, 0, 0)]
+
+
+def test_a_pass_writes_an_ended_epochs_final_count_before_the_next_epochs_records(monkeypatch, tmp_path):
+    from launcher.data.records import Recorder
+
+    monkeypatch.setattr(Recorder, "_start", lambda self: None)  # no writer thread: the test takes the passes
+    sampler = _rank(monkeypatch, tmp_path, 0, 1, 0)
+    recorder = sampler._recorder
+    _consume(sampler, _begin(sampler, 0), 2)
+    _, due = recorder._due()
+    assert [(key, value) for key, _, value in due][-1] == ("data/00000/0.0/progress/0.json", {"consumed": 8, "of": 50})
+    _consume(sampler, _begin(sampler, 1), 1)
+    _, due = recorder._due()
+    assert [key for key, _, _ in due] == ["data/00000/0.0/progress/0.json", "data/00001/0.0/plan.json",
+                                          "data/00001/0.0/progress/0.json"]
+    assert due[0][2] == {"consumed": 8, "of": 50, "final": True}
+
+
 # -- real torch.distributed: resume on another world size mid-epoch; equal steps, no Join -------------------
 
 DIST_N, DIST_SHARD, CHECKPOINT_AT = 202, 8, 6
@@ -203,6 +332,7 @@ def _train(rank: int, world: int, round_number: int, workers: int, stop_at: int 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    os.setpgrp()  # what this rank starts (its DataLoader's workers) is in its group: _spawn stops them with it
     os.environ["LAUNCHER_ROUND"] = str(round_number)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init-{round_number}", rank=rank, world_size=world)
     sampler = ElasticSampler(DIST_N, DIST_SHARD, seed=1, work_dir=f"{tmp}/wd")
@@ -240,17 +370,42 @@ def _train(rank: int, world: int, round_number: int, workers: int, stop_at: int 
 def _spawn(world: int, *args) -> None:
     # Ranks fork from a clean server process (forking this one, with its threads, can hang a child) that has
     # imported once what every rank needs: DDP's first use imports torch._dynamo, 4 s.
+    # A process started by a forkserver starts its own children the same way: a rank's DataLoader workers are
+    # children of a forkserver of the rank's, and a rank that "dies" (os._exit) leaves them waiting for that
+    # server, the server for them, for ever. Each rank leads a process group of its own (see _train), stopped
+    # here whether the ranks ended well or not.
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch._dynamo", "launcher.data", "test_data_sampler"])
     procs = [context.Process(target=_train, args=(rank, world, *args)) for rank in range(world)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=60)
-    assert [proc.exitcode for proc in procs] == [0] * world
+    try:
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=60)
+        assert [proc.exitcode for proc in procs] == [0] * world
+    finally:
+        for proc in procs:
+            if proc.pid is not None:
+                proc.kill()  # one still running (a failure); before its group, which it may not have made yet
+                proc.join(10)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:  # nothing of it is left
+                    pass
 
 
-def test_ddp_resumes_on_another_world_size_mid_epoch_in_equal_steps(tmp_path):
+@pytest.fixture
+def forkserver():
+    """This test's forkserver (and the resource tracker it starts) stopped after it, not at the session's end."""
+    tracker = multiprocessing.resource_tracker._resource_tracker
+    had_tracker = tracker._fd is not None
+    yield
+    multiprocessing.forkserver._forkserver._stop()  # waits for it: its children (the ranks) are gone
+    if not had_tracker:
+        tracker._stop()  # likewise: nothing that holds its pipe is left
+
+
+def test_ddp_resumes_on_another_world_size_mid_epoch_in_equal_steps(forkserver, tmp_path):
     _spawn(2, 0, 2, CHECKPOINT_AT, str(tmp_path))  # 2 ranks, DataLoader workers; all stop after step 6
     _spawn(3, 1, 0, None, str(tmp_path))  # 3 ranks resume from it and finish the epoch
     trained = [i for path in tmp_path.glob("trained-*.json") for i in json.loads(path.read_text())]

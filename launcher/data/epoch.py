@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from launcher.data.plan import Plan, TooFewSamples
-from launcher.data.records import Recorder, plan_key, progress_key
+from launcher.data.records import Recorder, plan_key, plan_record, progress_key, progress_record
 
 
 class EpochRun:
@@ -24,8 +24,10 @@ class EpochRun:
         self.consumed = 0  # indices the loop trained
         self.counted = False  # consumption is counted by the loop, not assumed from what was handed out
         self.iterated = False
+        self.closed = False
         if recorder is not None:
-            recorder.watch(progress_key(epoch, attempt, rank), lambda: {"consumed": self.consumed, "of": self.count})
+            recorder.watch(progress_key(epoch, attempt, rank),
+                           lambda: progress_record(self.consumed, self.count, final=self.closed))
 
     def _indices(self) -> list[int]:
         return [index for low, high in self.plan.trained(self.rank, self.count) for index in self.order[low:high]]
@@ -66,13 +68,15 @@ class EpochRun:
         self.steps += 1
 
     def close(self) -> None:
-        """The epoch is over for this rank (or abandoned): its progress record gets its last value."""
+        """The epoch is over for this rank (or abandoned): its progress record gets its last value, marked final
+        (the count can no longer grow, so `launcher data` takes it as it is)."""
+        self.closed = True
         if self.recorder is not None:
             self.recorder.unwatch(progress_key(self.epoch, self.attempt, self.rank))
 
     def _record_plan(self, batch_size: int | None = None, steps: int | None = None) -> None:
         if self.recorder is None or self.rank != 0:
             return
-        self.recorder.create(plan_key(self.epoch, self.attempt), {
-            "size": len(self.order), "shard_size": self.shard_size, "world": self.plan.world,
-            "remaining": self.plan.remaining, "batch_size": batch_size, "steps": steps})
+        self.recorder.create(plan_key(self.epoch, self.attempt), plan_record(
+            size=len(self.order), shard_size=self.shard_size, world=self.plan.world, remaining=self.plan.remaining,
+            batch_size=batch_size, steps=steps))

@@ -29,6 +29,23 @@ def progress_key(epoch: int, attempt: str, rank: int) -> str:
     return f"{attempt_prefix(epoch, attempt)}/progress/{rank}.json"
 
 
+def plan_record(*, size: int, shard_size: int, world: int, remaining: list, batch_size: int | None,
+                steps: int | None) -> dict[str, Any]:
+    """An attempt's split of an epoch: ``remaining`` (the untrained positions at its start) among ``world`` ranks."""
+    return {"size": size, "shard_size": shard_size, "world": world, "remaining": [list(r) for r in remaining],
+            "batch_size": batch_size, "steps": steps}
+
+
+def progress_record(consumed: int, of: int, *, final: bool) -> dict[str, Any]:
+    """A rank's count of consumed samples of its stretch. ``final``: written when the rank's epoch was over (the
+    loop ran out, left early or failed), so exact; otherwise a sample taken while it trained, which may lag
+    behind the loop by one writer pass, or more if the process was stopped before its next pass."""
+    record: dict[str, Any] = {"consumed": consumed, "of": of}
+    if final:
+        record["final"] = True
+    return record
+
+
 class Recorder:
     """One background writer per sampler, writing every ``interval`` seconds what came in: ``create`` an
     object once (create-if-absent: the plan), ``watch`` a live record sampled then, until ``unwatch`` hands
@@ -87,13 +104,20 @@ class Recorder:
         atexit.register(self.flush, 10.0)  # the last epoch's final progress, even without epochs()
 
     def _due(self) -> tuple[int, list[tuple[str, bool, dict[str, Any]]]]:
+        """What a pass writes, in this order: the records whose last value came in (an epoch that ended), the new
+        plans, the live records. A reader that finds a later epoch's record may take the earlier epoch as
+        passed, so its final counts go first; a key watched again after its final value takes the newer one."""
         with self._lock:
             asked = self._asked
-            due = [(key, True, record) for key, record in self._creates.items()]
-            values = {**{key: snapshot() for key, snapshot in self._watches.items()}, **self._finals}
+            finals = [(key, value) for key, value in self._finals.items() if key not in self._watches]
+            creates = [(key, True, record) for key, record in self._creates.items()]
+            live = [(key, snapshot()) for key, snapshot in self._watches.items()]
             self._creates, self._finals = {}, {}
-        due += [(key, False, value) for key, value in values.items() if self._written.get(key) != value]
-        return asked, due
+
+        def changed(values: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, bool, dict[str, Any]]]:
+            return [(key, False, value) for key, value in values if self._written.get(key) != value]
+
+        return asked, changed(finals) + creates + changed(live)
 
     def _create(self, key: str, data: bytes, record: dict[str, Any]) -> None:
         if self.store.create(key, data):

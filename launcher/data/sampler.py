@@ -14,7 +14,7 @@ from torch.utils.data import Sampler
 from launcher.data.epoch import EpochRun
 from launcher.data.intervals import Interval, complement, normalize, total
 from launcher.data.plan import Plan, epoch_order
-from launcher.data.records import Recorder
+from launcher.data.records import Recorder, plan_key, plan_record
 
 STATE_VERSION = 2
 SETTINGS = ("size", "shuffle", "seed")
@@ -85,6 +85,7 @@ class ElasticSampler(Sampler[int]):
         if end is None:
             raise TypeError("ElasticSampler.epochs() needs end= (the number of epochs)")
         first = self._resume_epoch() if start is None else start
+        self._record_loaded_complete()
         try:
             for epoch in range(first, end):
                 if total(self._loaded_done(epoch)) == self.size:
@@ -96,6 +97,18 @@ class ElasticSampler(Sampler[int]):
             self._close_run()
             if self._recorder is not None:
                 self._recorder.flush()
+
+    def _record_loaded_complete(self) -> None:
+        """A start from a checkpoint that holds its epoch as complete trains none of it. The attempt that trained
+        it may have been stopped before its last progress records were written, so rank 0 records the epoch
+        under this attempt too, with nothing left (the checkpoint's word): `launcher data` reads the newest
+        attempt's record of each epoch."""
+        loaded = self._loaded
+        if self._recorder is None or self.rank != 0 or loaded is None or total(loaded["done"]) != self.size:
+            return
+        self._recorder.create(plan_key(int(loaded["epoch"]), self.attempt), plan_record(
+            size=self.size, shard_size=self.shard_size, world=self.world_size, remaining=[], batch_size=None,
+            steps=0))
 
     def set_epoch(self, epoch: int) -> None:
         """Begin ``epoch`` (as with DistributedSampler)."""

@@ -6,7 +6,10 @@ counts go to the outputs, and a test checks that every index was trained exactly
 Rank 0 says at each epoch's start how many of its indices the model has trained already (after a restore: the
 checkpoint's mid-epoch progress) and at each checkpoint how many it holds. With DATA_HOLD=EPOCH:STEP it stops
 after that step of round 0, past its last checkpoint, until its node stops it: a test scales the run or kills a
-node there, in the middle of an epoch whatever the machine's speed."""
+node there, in the middle of an epoch whatever the machine's speed. With DATA_FREEZE=EPOCH it stops the whole
+process (SIGSTOP: the sampler's record writer too) right after that epoch's end-of-epoch checkpoint, in whatever
+round gets there: a test kills its node there, as if it died the moment the epoch ended, before the writer's next
+pass (at most every 0.5 s) wrote the epoch's last counts. The round after resumes past that epoch: it happens once."""
 
 import ctypes
 import json
@@ -24,6 +27,7 @@ N, SHARD, BATCH = int(os.environ.get("DATA_N", "480")), 16, 4
 EPOCHS, EVERY = int(os.environ.get("DATA_EPOCHS", "5")), 5
 WORKERS, STEP_SECONDS = int(os.environ.get("DATA_WORKERS", "0")), 0.03
 HOLD, TORCHRUN, PR_SET_PDEATHSIG = os.environ.get("DATA_HOLD"), os.getppid(), 1
+FREEZE = os.environ.get("DATA_FREEZE")
 
 
 class Indices(torch.utils.data.Dataset):
@@ -75,14 +79,17 @@ def trained() -> int:
     return int(-model.w.detach().sum().round())
 
 
-def hold() -> None:
+def hold(freeze: bool = False) -> None:
     """Wait until this process is stopped (the other ranks wait in their next step's allreduce): by its node, when
     a scale or a lost node ends round 0, or else with its torchrun. torch starts ranks in sessions of their own, and
     a killed node's supervisor kills torchrun's process group only, so a rank that torchrun had no time to stop
-    would outlive the run."""
+    would outlive the run. ``freeze``: stop every thread of the process now (SIGKILL still ends it)."""
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != TORCHRUN:  # gone already
         os._exit(1)
+    if freeze:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        os._exit(1)  # continued (SIGCONT): not by the test; end as a killed process would
     signal.pause()
 
 
@@ -121,4 +128,7 @@ for epoch in sampler.epochs(end=EPOCHS):
         os.replace(os.path.join(outputs, f".epoch-{epoch}.tmp"), os.path.join(outputs, f"epoch-{epoch}.json"))
     save()
     print(f"rank {rank}: epoch {epoch} done", flush=True)
+    if rank == 0 and FREEZE == str(epoch):
+        print(f"rank 0: frozen at the end of epoch {epoch} in round {round_number}, trained {trained()}", flush=True)
+        hold(freeze=True)
 dist.barrier()
