@@ -21,6 +21,8 @@ def looks_secret(name: str) -> bool:
 ARGV_VARIABLES = ("LAUNCHER_ARGS", "LAUNCHER_START_OPTIONS")
 # Spec fields that hold a command line as a list (runtime args, torchrun start options).
 ARGV_FIELDS = ("args", "startOptions")
+# Fields that hold shell text: a batch script, a Slurm spec's setup lines
+SCRIPT_FIELDS = ("script", "setup")
 
 
 def mask_argv(tokens: list[str]) -> list[str]:
@@ -52,6 +54,15 @@ def _mask_argv_json(text: Any) -> Any:
     return json.dumps(mask_argv(tokens), ensure_ascii=False)
 
 
+# NAME=VALUE in a shell script (``export NAME=VALUE``, ``--main-env NAME=VALUE``), the value as shlex quotes it
+_SHELL_ASSIGNMENT = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)=('(?:[^']|'\"'\"')*'|\"(?:[^\"\\]|\\.)*\"|[^\s']+)")
+
+
+def mask_script(text: str) -> str:
+    """A shell script with the values of its secret-looking assignments masked."""
+    return _SHELL_ASSIGNMENT.sub(lambda m: f"{m.group(1)}={MASK}" if looks_secret(m.group(1)) else m.group(0), text)
+
+
 def mask(value: Any) -> Any:
     """A copy of ``value`` in which every mapping entry whose key looks secret has its value masked,
     and so has every value that follows a secret-looking option in a command line."""
@@ -66,6 +77,10 @@ def mask(value: Any) -> Any:
                 masked[key] = _mask_argv_json(item)
             elif key in ARGV_FIELDS and isinstance(item, list):
                 masked[key] = mask_argv([str(token) for token in item])
+            elif key in SCRIPT_FIELDS and isinstance(item, str):  # shell (slurm's batch script, setup): its exports
+                masked[key] = mask_script(item)
+            elif key in SCRIPT_FIELDS and isinstance(item, list):
+                masked[key] = [mask_script(line) if isinstance(line, str) else line for line in item]
             else:
                 masked[key] = mask(item)
         return masked

@@ -8,6 +8,7 @@ Test modules import the fixtures ``slurm_cluster`` (one per session) and ``slurm
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -128,7 +129,8 @@ PartitionName=debug Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE St
     def resume(self, node: str) -> None:
         """A node a test marked down is back in service (once every node is idle again)."""
         self.command("scontrol", "update", f"nodename={node}", "state=resume", check=False)  # may be back already
-        self._wait(lambda: self.idle() == len(self.names), f"{node} back in service")
+        self._wait(lambda: not re.search(r"down|drain|fail", self.command(
+            "sinfo", "-h", "-n", node, "-o", "%t", check=False).stdout), f"{node} back in service")
 
     def command(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(list(argv), env={**os.environ, **self.env}, capture_output=True, text=True,

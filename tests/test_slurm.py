@@ -303,11 +303,19 @@ def test_a_node_marked_down_while_training_is_replaced_and_the_run_goes_on(tmp_p
     try:
         # with sbatch --no-kill the job keeps its other nodes: they meet without t-worker-1 and go on
         watcher.wait_for(r"continuing with [23] nodes \(min 2, max 3\)", timeout=120)
+        # the follower saw the machine leave the job and started the node again while the run went on
+        record = tmp_path / "wd" / run_id / "slurm" / "incarnations" / "t-worker-1.1.json"
+        assert wait_until(record.exists, 60)
+        assert json.loads(record.read_text())["replaced"]
         code, output = watcher.finish(timeout=180)
         assert code == 0, output
+        assert re.search(rf"Slurm took {down} out of job \d+", output) or "round 1 after round 0: node t-worker-1" \
+            in output, output
         status = json.loads(run_cli("status", run_id, "--json").stdout)
         assert status["result"] == "succeeded", status
-        assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)  # a late replacement is cancelled
+        assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+        run_cli("status", run_id)  # reading an ended run starts nothing
+        assert not jobs_left(slurm) and not record.with_name("t-worker-1.2.json").exists()
     finally:
         slurm.resume(down)
 
@@ -365,4 +373,32 @@ def test_a_job_past_its_time_limit_ends_with_timeout_named(tmp_path, launcher_ho
                      output), output
     status = json.loads(run_cli("status", run_id, "--json").stdout)
     assert status["result"] == "failed" and "time limit" in status["first_failure"]["reason"], status
+    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+
+
+def test_the_dry_run_masks_secrets_in_the_batch_script_and_refuses_options_launcher_sets(tmp_path, launcher_home):
+    spec = on_slurm(write_spec(tmp_path, "print('x')\n", nodes=2, env=[{"name": "HF_TOKEN", "value": "hf_SECRET1"}]),
+                    setup=["export WANDB_API_KEY=wandb_SECRET2"])
+    dry = run_cli("run", "-f", str(spec), "--dry-run", "--env", "MY_PASSWORD=it's SECRET3", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "export HF_TOKEN=********" in dry.stdout and "SECRET" not in dry.stdout, dry.stdout
+    clash = on_slurm(write_spec(tmp_path, "print('x')\n", nodes=2), sbatchOptions=["--nodes=4"])
+    refused = run_cli("run", "-f", str(clash), "--dry-run", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "sbatchOptions: --nodes=4 would change what launcher sets itself" in refused.stderr, refused.stderr
+    spaced = on_slurm(write_spec(tmp_path, "print('x')\n", nodes=2), sbatchOptions=["--mail-type END"])
+    invalid = run_cli("validate", "-f", str(spaced), cwd=tmp_path)
+    assert invalid.returncode == 2 and "one token per item" in invalid.stdout + invalid.stderr
+
+
+def test_a_failing_setup_line_stops_the_node_saying_so(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2, extra_cluster={"rendezvousTimeout": 8}),
+                    setup=["echo preparing", "module load cuda/12.4", "echo never reached"])
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    run_id = run_id_from(done.stdout)
+    job = job_of(launcher_home, run_id)
+    console = (launcher_home / "runs" / run_id / "nodes" / f"slurm-{job}.node0.out").read_text()
+    assert "launcher: the spec's setup failed on" in console and "(exit 127): module load cuda/12.4" in console
+    assert "never reached" not in console
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)

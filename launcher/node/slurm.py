@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     env["LAUNCHER_NODE_NAME"] = name
     problem = visibility_problem(dict(env))
     if problem:
-        print(f"launcher node {name} on {socket.gethostname()}: {problem}", file=sys.stderr)
+        said = f"launcher node {name} on {socket.gethostname()}: {problem}"
+        print(said, file=sys.stderr)
+        _record_refusal(env, name, said)
         return EXIT_BAD_ENV
     os.chdir(env.get("LAUNCHER_CODE_DIR") or os.getcwd())
     if not env.get("LAUNCHER_NODE_ADDRESS") and not any(env.get(v) for v in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")):
@@ -114,6 +116,22 @@ def main(argv: list[str] | None = None) -> int:
         if address:
             env["LAUNCHER_SLURM_NODE_ADDRESS"] = address
     return keep(name, env)
+
+
+def _record_refusal(env: os._Environ, name: str, said: str) -> None:
+    """Where this machine reaches the run's work dir at all (an object store; the shared filesystem, when only
+    the spec's directory is missing), the node's failure goes there too, so that its peers stop and the user
+    reads why, not a rendezvous timeout."""
+    from launcher.node.control import record_failure
+    from launcher.node.store import StoreError, WorkDir
+
+    run_url = f"{env.get('LAUNCHER_WORK_DIR', '').rstrip('/')}/{env.get('LAUNCHER_RUN_ID', '')}"
+    if "work dir" in said and "does not hold the run's record" in said:
+        return  # a local work dir this machine does not share: writing there would reach nobody
+    try:
+        record_failure(WorkDir(run_url), name, None, EXIT_BAD_ENV, said)
+    except (StoreError, OSError, ValueError):
+        pass
 
 
 def keep(name: str, env: os._Environ) -> int:

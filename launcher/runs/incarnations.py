@@ -119,7 +119,7 @@ def recover(run: WorkDir, prefix: str, recovery: dict[str, Any], units: Mapping[
         if not _lost(run, status):
             continue
         replaced = sum(1 for items in records.values() for item in items if item.replaced)
-        wanted = start is not None and replacement_wanted(run, recovery, replaced)
+        wanted = start is not None and replacement_wanted(run, recovery, replaced) and not _finished(run, fates)
         claim = Incarnation(node, number, wanted, lost=units[node], at=time.time())
         if not run.create(key(prefix, node, number), claim.to_bytes()):
             result[node] = _pending(fate, claim)  # another command won the claim an instant earlier
@@ -146,6 +146,12 @@ def _lost(run: WorkDir, status: dict[str, Any]) -> bool:
     if status.get("round") is None or cancel_requested(run):
         return False
     return status.get("state") not in FINAL_STATES or status.get("state") == "lost"
+
+
+def _finished(run: WorkDir, fates: Mapping[str, NodeFate]) -> bool:
+    """A member got to the end of training: the run is over, and a node started now would have nothing to join
+    (e.g. one whose late replacement was cancelled once the run ended reads as lost again)."""
+    return any(run.get_record(status_key(node)).get("state") == "succeeded" for node in fates)
 
 
 def _pending(fate: NodeFate, item: Incarnation) -> NodeFate:

@@ -16,7 +16,8 @@ import time
 from typing import Any, Sequence
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
-from launcher.backends.slurm.batch import batch_script, infra_of, job_name, one_node_argv, python_of, sbatch_argv
+from launcher.backends.slurm.batch import (batch_script, gpus_per_node, infra_of, job_name, one_node_argv,
+                                           own_option_clashes, python_of, sbatch_argv)
 from launcher.backends.slurm.engine import Job
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
@@ -57,6 +58,20 @@ class SlurmBackend(Backend):
         notes.append(f"the nodes run {spec.base_dir} as it is, from a filesystem every node shares with this "
                      f"machine, with {whose} Python, {self.node_command[0]} (infrastructure.spec.python to change it)")
         return plan, notes
+
+    def dryrun(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> DryRun:
+        clashes = own_option_clashes(spec)
+        if clashes:
+            raise BadInput(f"spec.infrastructure.spec.sbatchOptions: {', '.join(clashes)} would change what launcher "
+                           "sets itself (the node count, the job's name, output and environment); use the spec's own "
+                           "fields (the cluster's replicas, ...) instead")
+        request = super().dryrun(spec, run_id=run_id, resume_from=resume_from)
+        gpus = gpus_per_node(spec)
+        if gpus and infra_of(spec).gpus_per_node is None:
+            note = (f"processesPerNode: {gpus} asks Slurm for {gpus} GPUs per node (--gpus-per-node={gpus}); on a "
+                    "cluster without GPUs set infrastructure.spec.gpusPerNode: 0")
+            return DryRun(request.backend, request.plan, request.requests, request.notes + (note,))
+        return request
 
     def requests(self, plan: Plan) -> list[Request]:
         """One ``sbatch``: its command line and the batch script it reads on stdin."""
@@ -131,6 +146,8 @@ class SlurmBackend(Backend):
         if first is not None and first.ended_by_slurm:
             self._record_engine_end(info, first)
         fates = {name: self._fate(info, name, units[name], jobs.get(units[name]), run) for name in info.nodes}
+        if first is not None and first.active and not first.waiting:
+            fates.update(self._removed(info, first, fates, units))
         if run is None:
             return fates
         return incarnations.recover(run, INCARNATIONS, ids["recovery"], units, fates, records, engine="Slurm",
@@ -152,6 +169,35 @@ class SlurmBackend(Backend):
         gave_up = self._gave_up(info) if first else None
         return NodeFate(False, None if gave_up else job.exit_code, gave_up or f"Slurm: job {job_id} {job.describe()}",
                         console, job.end_time)
+
+    def _removed(self, info: RunInfo, job: Job, fates: dict[str, NodeFate],
+                 units: dict[str, str]) -> dict[str, NodeFate]:
+        """Nodes of the run's job whose machine Slurm took out of it while it runs (down, failed: with --no-kill the
+        job goes on without it), their task gone with it: lost. The job's machines as first seen running, in
+        SLURM_NODEID order, are kept in the state dir to compare with."""
+        from launcher.backends.slurm import engine
+
+        path = info.state_dir / f"slurm-{job.job_id}.nodes.json"
+        try:
+            first = json.loads(path.read_text())
+        except (OSError, ValueError):
+            first = None
+        try:
+            if first is None:
+                first = {"nodes": job.nodes, "hosts": engine.hostnames(job.nodes)}
+                if info.recorded:
+                    atomic_write(path, json.dumps(first))
+            if job.nodes == first["nodes"]:
+                return {}
+            now = set(engine.hostnames(job.nodes))
+        except BackendError:
+            return {}
+        added = info.backend_ids.get("added") or {}
+        own = [name for name in info.nodes if name not in added]  # the job's tasks, in SLURM_NODEID order
+        return {name: NodeFate(False, None, f"Slurm took {host} out of job {job.job_id} ({job.reason or 'down'})",
+                               fates[name].console_log)
+                for name, host in zip(own, first["hosts"])
+                if host not in now and units[name] == job.job_id and fates[name].running}
 
     def _starter(self, info: RunInfo) -> Any:
         """How a lost node is started again: a one-node job of the run's batch script, as the controller holds it."""

@@ -19,6 +19,11 @@ from launcher.spec.model import SlurmInfra, Spec
 JOB_NAME_PREFIX = "launcher:"  # the job's name is this and the run id: how a run's jobs are found
 NODE_ENTRY = "launcher.node.slurm"
 CODE_DIR_VARIABLE = "LAUNCHER_CODE_DIR"
+SETUP_GUARD = ("set -e; trap 'code=$?; echo \"launcher: the spec'\"'\"'s setup failed on $(hostname) (exit $code): "
+               "$BASH_COMMAND\" >&2' ERR\n")
+# options launcher sets itself (sbatch_argv, one_node_argv): sbatchOptions must not change them
+OWN_OPTIONS = ("--parsable", "--job-name", "-J", "--nodes", "-N", "--ntasks-per-node", "--chdir", "-D", "--output",
+               "-o", "--export", "--requeue", "--no-requeue", "--comment", "--no-kill", "-k", "--ntasks", "-n")
 # srun must not end the step when one task fails (an elastic run goes on without it), nor kill the others
 SRUN_OPTIONS = ("--no-kill", "--kill-on-bad-exit=0", "--ntasks-per-node=1")
 
@@ -108,8 +113,9 @@ def batch_script(plan: Plan, node_output: str) -> str:
     command = node_argv(plan, shared)
     if infra.setup.strip():
         lines.append("# setup, from the spec: run by each node's task before the node starts")
-        # bash -c SETUP; exec "$@": the user's lines run on each node, then the node replaces that shell
-        command = ["bash", "-c", infra.setup.strip() + '\nexec "$@"', "launcher-setup", *command]
+        # bash -c SETUP; exec "$@": the user's lines run on each node, then the node replaces that shell; a line
+        # that fails stops the node there, saying so
+        command = ["bash", "-c", SETUP_GUARD + infra.setup.strip() + '\nexec "$@"', "launcher-setup", *command]
     lines.append(shlex.join(srun + command))
     return "\n".join(lines) + "\n"
 
@@ -120,3 +126,14 @@ def one_node_argv(argv: Sequence[str], label: str) -> list[str]:
     environment, which the script leaves as it is (:data:`launcher.node.slurm.ONE_NODE`)."""
     return ["--nodes=1" if token.startswith("--nodes=") else
             f"{token}:{label}" if token.startswith("--job-name=") else token for token in argv]
+
+
+def own_option_clashes(spec: Spec) -> list[str]:
+    """The sbatchOptions that would change what launcher sets itself (node count, name, output, environment)."""
+    clashes = []
+    for token in infra_of(spec).sbatch_options:
+        name = token.split("=", 1)[0]
+        if name in OWN_OPTIONS or any(name.startswith(short) and len(name) > 2 for short in OWN_OPTIONS
+                                      if len(short) == 2):
+            clashes.append(token)
+    return clashes

@@ -88,7 +88,11 @@ def _command(argv: Sequence[str], *, stdin: str | None = None,
 
 def _failed(argv: Sequence[str], result: subprocess.CompletedProcess) -> BackendError:
     said = (result.stderr or result.stdout).strip()
-    return BackendError(f"{argv[0]} failed (exit {result.returncode}): {said or 'no message'}")
+    hint = ""
+    if "Invalid generic resource (gres) specification" in said and any("--gpus" in token for token in argv):
+        hint = ("\n  the job asks for GPUs this cluster does not have; on CPU nodes set "
+                "infrastructure.spec.gpusPerNode: 0 (a number in processesPerNode asks for that many GPUs)")
+    return BackendError(f"{argv[0]} failed (exit {result.returncode}): {said or 'no message'}{hint}")
 
 
 def submit(argv: Sequence[str], script: str, env: Mapping[str, str] | None = None) -> str:
@@ -162,6 +166,15 @@ def _show_job(job_id: str) -> Job | None:
     return Job(job_id, state, fields.get("Reason", ""), "" if fields.get("NodeList") == "(null)" else
                fields.get("NodeList", ""),
                int(code.split(":")[0]) if code[:1].isdigit() and state in EXIT_CODE_STATES else None, None)
+
+
+def hostnames(nodes: str) -> list[str]:
+    """Slurm's node list notation (``n[1-3],gpu7``) as names, in Slurm's order (that of SLURM_NODEID)."""
+    argv = ["scontrol", "show", "hostnames", nodes]
+    result = _command(argv)
+    if result.returncode != 0:
+        raise _failed(argv, result)
+    return result.stdout.split()
 
 
 def batch_script(job_id: str) -> str:
