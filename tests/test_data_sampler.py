@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -329,6 +332,7 @@ def _train(rank: int, world: int, round_number: int, workers: int, stop_at: int 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    os.setpgrp()  # what this rank starts (its DataLoader's workers) is in its group: _spawn stops them with it
     os.environ["LAUNCHER_ROUND"] = str(round_number)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init-{round_number}", rank=rank, world_size=world)
     sampler = ElasticSampler(DIST_N, DIST_SHARD, seed=1, work_dir=f"{tmp}/wd")
@@ -337,7 +341,10 @@ def _train(rank: int, world: int, round_number: int, workers: int, stop_at: int 
         sampler.load_state_dict(torch.load(state_file))
     model = DistributedDataParallel(torch.nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = ElasticLoader(Indices(DIST_N), batch_size=BATCH, sampler=sampler, num_workers=workers)
+    # Workers forked from the rank, as under torchrun (by default a process started by a forkserver, as this
+    # one is, starts them through a forkserver of its own: seconds each on a busy machine).
+    context = {"multiprocessing_context": "fork"} if workers else {}
+    loader = ElasticLoader(Indices(DIST_N), batch_size=BATCH, sampler=sampler, num_workers=workers, **context)
     trained: list[int] = []
     steps = 0
     for _ in sampler.epochs(end=1):
@@ -366,17 +373,42 @@ def _train(rank: int, world: int, round_number: int, workers: int, stop_at: int 
 def _spawn(world: int, *args) -> None:
     # Ranks fork from a clean server process (forking this one, with its threads, can hang a child) that has
     # imported once what every rank needs: DDP's first use imports torch._dynamo, 4 s.
+    # A rank that "dies" (os._exit) leaves its DataLoader's workers behind; one that fails or hangs, all it
+    # started. Each rank leads a process group of its own (see _train), stopped here whether the ranks ended
+    # well or not. (Started through a forkserver of the rank's, as they were, its workers waited for that
+    # server and the server for them, for ever.)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch._dynamo", "launcher.data", "test_data_sampler"])
     procs = [context.Process(target=_train, args=(rank, world, *args)) for rank in range(world)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=60)
-    assert [proc.exitcode for proc in procs] == [0] * world
+    try:
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=60)
+        assert [proc.exitcode for proc in procs] == [0] * world
+    finally:
+        for proc in procs:
+            if proc.pid is not None:
+                proc.kill()  # one still running (a failure); before its group, which it may not have made yet
+                proc.join(10)
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:  # nothing of it is left
+                    pass
 
 
-def test_ddp_resumes_on_another_world_size_mid_epoch_in_equal_steps(tmp_path):
+@pytest.fixture
+def forkserver():
+    """This test's forkserver (and the resource tracker it starts) stopped after it, not at the session's end."""
+    tracker = multiprocessing.resource_tracker._resource_tracker
+    had_tracker = tracker._fd is not None
+    yield
+    multiprocessing.forkserver._forkserver._stop()  # waits for it: its children (the ranks) are gone
+    if not had_tracker:
+        tracker._stop()  # likewise: nothing that holds its pipe is left
+
+
+def test_ddp_resumes_on_another_world_size_mid_epoch_in_equal_steps(forkserver, tmp_path):
     _spawn(2, 0, 2, CHECKPOINT_AT, str(tmp_path))  # 2 ranks, DataLoader workers; all stop after step 6
     _spawn(3, 1, 0, None, str(tmp_path))  # 3 ranks resume from it and finish the epoch
     trained = [i for path in tmp_path.glob("trained-*.json") for i in json.loads(path.read_text())]
