@@ -6,9 +6,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+import leftovers
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = Path(__file__).resolve().parent / "specs"
@@ -80,15 +83,15 @@ def _reset_fsspec_config() -> None:
 
 @pytest.fixture(scope="session")
 def docker_engine():
-    """A real Docker engine: the running one, or dockerd started here (and stopped after the session)."""
-    from dockerenv import Engine
+    """A real Docker engine: the running one, or dockerd started here, shared with xdist's other workers and
+    other test sessions on this machine, and stopped when the last session that uses it ends (pytest_sessionfinish
+    below; dockerenv.release_engine)."""
+    from dockerenv import use_engine
 
     try:
-        engine = Engine()
+        use_engine(leftovers.session_pid())
     except RuntimeError as exc:
         require(False, str(exc))
-    yield engine
-    engine.stop()
 
 
 @pytest.fixture(scope="session")
@@ -113,3 +116,82 @@ def registry(docker_engine, tmp_path_factory):
         require(False, str(exc))
     yield server
     server.stop()
+
+
+# -- pytest-xdist (scripts/test runs -n 2 --dist loadgroup): what must not run on two workers at once ----------
+
+OCI_SIMULATION_MODULES = ("test_oci", "test_recovery_oci")  # their fixture `sim` runs the nodes
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "docker_engine" in item.fixturenames:
+            # one engine: two workers building the same project make the same tag (named after its content)
+            # and move it from one's image to the other's
+            item.add_marker(pytest.mark.xdist_group("docker"))
+        elif "sim" in item.fixturenames and item.module.__name__.rsplit(".", 1)[-1] in OCI_SIMULATION_MODULES:
+            # the simulation runs the nodes here, every run's main on OCI's port (29400) on 127.0.0.1
+            item.add_marker(pytest.mark.xdist_group("oci"))
+
+
+# -- what a test leaves behind fails the session (leftovers.py) -----------------------------------------------
+
+_SESSION = pytest.StashKey[tuple]()  # (the session's mark, when it started), in the main process
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the main process: the only one, or xdist's controller
+        config.stash[_SESSION] = (leftovers.start_session(), time.time())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item):
+    """Whatever a test starts carries its name in its environment (a leftover names the test)."""
+    os.environ[leftovers.TEST_VAR] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        os.environ.pop(leftovers.TEST_VAR, None)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """In the main process, after every fixture (and with xdist every worker) is gone: the processes this
+    session started that still run, and the containers of launcher runs it created, are reported, stopped and
+    fail the session."""
+    if _SESSION not in session.config.stash:
+        return
+    from dockerenv import STATE, engine_answers, engine_users, release_engine
+
+    session_id, started = session.config.stash[_SESSION]
+    base_temp = session.config._tmp_path_factory.getbasetemp()
+    used_engine = (STATE / "users" / str(os.getpid())).exists()
+    found = []
+    if used_engine and engine_answers():
+        dockerd = (STATE / "dockerd").read_text().split()[0] if (STATE / "dockerd").exists() else None
+        alone = (dockerd is not None and leftovers.carries(int(dockerd), session_id)
+                 and engine_users(started - 1) == {os.getpid()})
+        found += leftovers.containers(started - 1, base_temp, alone)
+        leftovers.remove_containers(found)
+    spared = {release_engine(os.getpid())} - {None} if used_engine else set()  # dockerd, on for other sessions
+    processes = leftovers.lingering_processes(session_id, spared)
+    leftovers.stop_processes(processes)
+    found += [str(process) for process in processes]
+    if not found:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("")  # ends the progress line
+        reporter.write_sep("=", "left behind by the tests (stopped now)", red=True)
+        for line in found:
+            reporter.write_line(line)
+        # counted in the closing line ("N passed, 2 left behind"); other plugins read reports' __dict__
+        reporter.stats.setdefault("left behind", []).extend(_LeftBehind(line) for line in found)
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+class _LeftBehind:
+    def __init__(self, line: str) -> None:
+        self.line = line
