@@ -175,6 +175,15 @@ print(f"rank {rank} of {world} done", flush=True)
 """
 
 
+def start_elastic(tmp_path: Path) -> str:
+    """ELASTIC_JOB on 3 Slurm nodes (min 2, 2 restarts), detached; its run id."""
+    spec = on_slurm(write_spec(tmp_path, ELASTIC_JOB, nodes=3,
+                               extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 2}}))
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    return run_id_from(started.stdout)
+
+
 def _task_pids(run_id: str, node_id: int, bootstrap_only: bool = False) -> list[int]:
     """The processes of one Slurm task of the run (the node's bootstrap and what it started), by the environment
     they started with; or only its bootstrap (``python -m launcher.node``)."""
@@ -197,10 +206,7 @@ def _task_pids(run_id: str, node_id: int, bootstrap_only: bool = False) -> list[
 
 
 def test_an_elastic_run_goes_on_without_a_node_whose_processes_were_killed(tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, ELASTIC_JOB, nodes=3,
-                               extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 2}}))
-    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
-    run_id = run_id_from(started.stdout)
+    run_id = start_elastic(tmp_path)
     watcher = Watcher(run_id, dict(os.environ))
     watcher.wait_for(r"rank 2 of 3 round 0")
     pids = _task_pids(run_id, 2)  # t-worker-1: the third node in the spec's order
@@ -220,10 +226,7 @@ def test_an_elastic_run_goes_on_without_a_node_whose_processes_were_killed(tmp_p
 
 
 def test_a_lost_node_is_started_again_as_a_one_node_job_that_joins_the_run(tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, ELASTIC_JOB, nodes=3,
-                               extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 2}}))
-    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
-    run_id = run_id_from(started.stdout)
+    run_id = start_elastic(tmp_path)
     job = job_of(launcher_home, run_id)
     watcher = Watcher(run_id, dict(os.environ))  # the command that follows the run starts the replacement
     watcher.wait_for(r"rank 2 of 3 round 0")
@@ -234,7 +237,7 @@ def test_a_lost_node_is_started_again_as_a_one_node_job_that_joins_the_run(tmp_p
     # registered in time, else without it until the round after
     watcher.wait_for(r"\[t-main    \] \[launcher\] round 1 after round 0: node t-worker-1: node process killed by "
                      r"SIGKILL: continuing with [23] nodes", since=mark)
-    replacement = watcher.wait_for(rf"Slurm job (\d+): \w+.* \(t-worker-1, started again\)", since=mark)
+    replacement = watcher.wait_for(r"Slurm job (\d+): \w+.* \(t-worker-1, started again\)", since=mark)
     watcher.wait_for(r"\[t-worker-1 r\d\] rank \d of 3 round [1-9]", timeout=120, since=mark)  # it trains again
     code, output = watcher.finish(timeout=120)
     assert code == 0, output
@@ -291,10 +294,7 @@ def test_scale_adds_a_node_as_a_one_node_job_and_removes_it_through_the_work_dir
 
 
 def test_a_node_marked_down_while_training_is_replaced_and_the_run_goes_on(tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, ELASTIC_JOB, nodes=3,
-                               extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 2}}))
-    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
-    run_id = run_id_from(started.stdout)
+    run_id = start_elastic(tmp_path)
     watcher = Watcher(run_id, dict(os.environ))
     watcher.wait_for(r"rank 2 of 3 round 0")
     node = slurm.command("squeue", "-h", "-j", job_of(launcher_home, run_id), "-o", "%N").stdout.strip()
