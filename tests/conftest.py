@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,12 +121,18 @@ def registry(docker_engine, tmp_path_factory):
 
 
 # -- pytest-xdist (scripts/test runs -n 2 --dist loadgroup): what must not run on two workers at once ----------
+#
+# xdist's loadgroup sends the tests of one xdist_group to one worker, reading the group from a suffix its workers
+# add to each test's id; pytest 9 no longer takes that suffix (an item's id is no longer its `_nodeid`), so every
+# group was spread over both workers. The workers write each test's group into a file of the session's instead
+# (LAUNCHER_TEST_GROUPS), and the controller's scheduler reads it.
 
 OCI_SIMULATION_MODULES = ("test_oci", "test_recovery_oci")  # their fixture `sim` runs the nodes
+GROUPS_VAR = "LAUNCHER_TEST_GROUPS"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if "docker_engine" in item.fixturenames:
             # one engine: two workers building the same project make the same tag (named after its content)
@@ -133,6 +141,34 @@ def pytest_collection_modifyitems(items):
         elif "sim" in item.fixturenames and item.module.__name__.rsplit(".", 1)[-1] in OCI_SIMULATION_MODULES:
             # the simulation runs the nodes here, every run's main on OCI's port (29400) on 127.0.0.1
             item.add_marker(pytest.mark.xdist_group("oci"))
+    if hasattr(config, "workerinput") and os.environ.get(GROUPS_VAR):
+        groups = {item.nodeid: "_".join(sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name"))
+                                                for mark in item.iter_markers("xdist_group")}))
+                  for item in items if item.get_closest_marker("xdist_group")}
+        target = Path(os.environ[GROUPS_VAR], f"{config.workerinput['workerid']}.json")
+        target.with_suffix(".tmp").write_text(json.dumps(groups))
+        target.with_suffix(".tmp").rename(target)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: pytest runs without xdist too (-p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist", None) != "loadgroup" or not os.environ.get(GROUPS_VAR):
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Scheduling(LoadGroupScheduling):
+        """Tests of one xdist_group on one worker, the groups as the workers wrote them; the others one by one."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # read once every worker has collected (scheduling starts then)
+                self.groups = {}
+                for written in Path(os.environ[GROUPS_VAR]).glob("*.json"):
+                    self.groups.update(json.loads(written.read_text()))
+            return f"group {self.groups[nodeid]}" if nodeid in self.groups else super()._split_scope(nodeid)
+
+    return Scheduling(config, log)
 
 
 # -- what a test leaves behind fails the session (leftovers.py) -----------------------------------------------
@@ -143,6 +179,8 @@ _SESSION = pytest.StashKey[tuple]()  # (the session's mark, when it started), in
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the main process: the only one, or xdist's controller
         config.stash[_SESSION] = (leftovers.start_session(), time.time())
+        if config.getoption("dist", None) == "loadgroup":
+            os.environ[GROUPS_VAR] = tempfile.mkdtemp(prefix="launcher-tests-groups-")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -162,6 +200,8 @@ def pytest_sessionfinish(session):
     fail the session."""
     if _SESSION not in session.config.stash:
         return
+    if os.environ.get(GROUPS_VAR):
+        shutil.rmtree(os.environ[GROUPS_VAR], ignore_errors=True)
     from dockerenv import STATE, engine_answers, engine_users, release_engine
 
     session_id, started = session.config.stash[_SESSION]
