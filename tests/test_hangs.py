@@ -20,9 +20,13 @@ HANG_TIMEOUT = {"hangTimeout": 10}  # well above the time a loaded machine takes
 
 
 def test_a_rank_stuck_outside_any_collective_is_the_cause_and_the_waiting_rank_its_victim(tmp_path, launcher_home):
+    # Rank 1 goes silent 3 s after rank 0, so rank 0's node reaches its hangTimeout first and shows its stack
+    # (then waits for the culprit's node to name itself). When both went silent at once, the node that looked
+    # first won: rank 1's named it and stopped the run before rank 0's node had looked (seen once in 2 runs).
     script = IMPORTED + ("dist.init_process_group('gloo')\n"
                          "def load_next_batch():\n    time.sleep(600)\n"
-                         "if dist.get_rank() == 1:\n    load_next_batch()\n"
+                         "if dist.get_rank() == 1:\n    time.sleep(3)\n    print('loading', flush=True)\n"
+                         "    load_next_batch()\n"
                          "dist.all_reduce(torch.ones(1))\n")
     output, summary = run_failing(tmp_path, script, extra_cluster=HANG_TIMEOUT)
     assert "cause: hung: rank 1 made no progress for 10s outside any collective, at" in summary, summary
