@@ -126,6 +126,55 @@ def test_sbatch_refusing_the_job_is_a_clear_error_and_nothing_runs(tmp_path, lau
     assert not jobs_left(slurm)
 
 
+def sbatch_in_front(tmp_path: Path, after_submitting: str) -> dict[str, str]:
+    """An env whose ``sbatch`` submits with the real one, then runs ``after_submitting`` (shell) instead of
+    answering: the controller took the job, launcher never hears of it."""
+    import shutil
+
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(f"#!/bin/sh\n{shutil.which('sbatch')} \"$@\" > {tmp_path}/sbatch.out\n"
+                                 f"touch {tmp_path}/submitted\n{after_submitting}\n")
+    (fake / "sbatch").chmod(0o755)
+    return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+
+
+def test_a_job_whose_sbatch_answer_was_lost_is_found_by_its_name_and_followed(tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, "print('the job ran', flush=True)\n", nodes=2))
+    env = sbatch_in_front(tmp_path, "echo 'sbatch: error: Batch job submission failed: Socket timed out on "
+                                    "send/recv operation' >&2; exit 1")
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, env=env, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = (tmp_path / "sbatch.out").read_text().strip()
+    assert job_of(launcher_home, run_id_from(done.stdout)) == job
+    assert f"the controller had taken the job all the same: job {job}" in done.stderr, done.stderr
+    assert "Socket timed out" in done.stderr and "the job ran" in done.stdout
+
+
+def test_ctrl_c_while_sbatch_submits_cancels_the_job_it_submitted(tmp_path, launcher_home, slurm):
+    import subprocess
+    import sys
+
+    spec = on_slurm(write_spec(tmp_path, FOREVER, nodes=2))
+    release = tmp_path / "release"
+    env = sbatch_in_front(tmp_path, f"while [ ! -e {release} ]; do sleep 0.05; done; cat {tmp_path}/sbatch.out")
+    # as a terminal's Ctrl-C does: SIGINT to launcher's whole process group, sbatch's (before this fix) included
+    run = subprocess.Popen([sys.executable, "-m", "launcher", "run", "-f", str(spec)], cwd=tmp_path, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert wait_until(lambda: (tmp_path / "submitted").exists() or run.poll() is not None, 60)
+    os.killpg(run.pid, signal.SIGINT)
+    release.touch()
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 130, output
+    job = (tmp_path / "sbatch.out").read_text().strip()
+    assert re.search(r"interrupted while starting run \S+: stopping what was started", output), output
+    assert wait_until(lambda: not jobs_left(slurm), 30), (job, jobs_left(slurm))
+    (info,) = (launcher_home / "runs").glob("*/info.yaml")
+    recorded = yaml.safe_load(info.read_text())
+    assert recorded["backend_ids"]["job_id"] == job, recorded
+    assert json.loads(run_cli("status", recorded["run_id"], "--json").stdout)["result"] == "cancelled"
+
+
 def test_without_sbatch_the_error_names_it(tmp_path, launcher_home, slurm):
     spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2))
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, env={**os.environ, "PATH": "/nonexistent"})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Sequence
 
@@ -32,7 +33,8 @@ from launcher.workdirs import resolve_local, scheme
 STOP_POLL_SECONDS = 0.5  # while cancel waits for the nodes to end on their own: the controller has no events
 JOB_ANSWER_SECONDS = 1.0  # how long one answer of the controller serves (the fates and the engine's line of a look)
 INCARNATIONS = "slurm/incarnations"  # lost nodes and the one-node jobs that started them again (runs.incarnations)
-GAVE_UP_FILE = "slurm-gave-up.txt"  # in the run's state dir: why launcher cancelled a job that waited too long
+GAVE_UP_FILE = "slurm-gave-up.txt"
+BATCH_SCRIPT_FILE = "slurm-batch.sh"  # in the run's state dir: the batch script as submitted (mode 0600)  # in the run's state dir: why launcher cancelled a job that waited too long
 
 
 class SlurmBackend(Backend):
@@ -93,7 +95,13 @@ class SlurmBackend(Backend):
 
         (request,) = dryrun.requests
         os.makedirs(os.path.join(state_dir, "nodes"), exist_ok=True)
-        job_id = engine.submit(request.body["argv"], request.body["script"])
+        # The script holds the run's env, secrets too: readable by its owner alone. A whole-run retry submits it
+        # again after the controller has forgotten the job.
+        script_path = os.path.join(state_dir, BATCH_SCRIPT_FILE)
+        atomic_write(script_path, request.body["script"].encode(), mode=0o600)
+        job_id, overcome = engine.submitted(request.body["argv"], request.body["script"])
+        if overcome:
+            print(f"note: {overcome}", file=sys.stderr)
         recovery = dryrun.plan.nodes[0].env.get("LAUNCHER_RECOVERY")
         return {"job_id": job_id, "submitted_at": time.time(), "sbatch": request.body["argv"],
                 "groups": dryrun.plan.spec.cluster.group_sizes,
@@ -215,9 +223,22 @@ class SlurmBackend(Backend):
         from launcher.backends.slurm import engine
         from launcher.node.slurm import ONE_NODE
 
-        script = engine.batch_script(info.backend_ids["job_id"])
-        return engine.submit(one_node_argv(info.backend_ids["sbatch"], label), script,
-                             env={ONE_NODE: json.dumps(node)})
+        script = self._batch_script(info)
+        job_id, overcome = engine.submitted(one_node_argv(info.backend_ids["sbatch"], label), script,
+                                            env={ONE_NODE: json.dumps(node)})
+        if overcome:
+            print(f"note: {overcome}", file=sys.stderr)
+        return job_id
+
+    @staticmethod
+    def _batch_script(info: RunInfo) -> str:
+        """The run's batch script: as submitted from this machine, else as the controller still holds it."""
+        from launcher.backends.slurm import engine
+
+        try:
+            return (info.state_dir / BATCH_SCRIPT_FILE).read_text()
+        except OSError:
+            return engine.batch_script(info.backend_ids["job_id"])
 
     def scale_problem(self, info: RunInfo) -> str | None:
         from launcher.backends.slurm import engine

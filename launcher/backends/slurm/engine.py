@@ -77,10 +77,12 @@ def require(command: str) -> None:
 
 def _command(argv: Sequence[str], *, stdin: str | None = None,
              env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a Slurm command in a session of its own: a Ctrl-C at the terminal reaches launcher, which holds it
+    back while it submits, and never cuts a command off between the controller's answer and ours."""
     require(argv[0])
     try:
         return subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
-                              env=None if env is None else {**os.environ, **env})
+                              env=None if env is None else {**os.environ, **env}, start_new_session=True)
     except subprocess.TimeoutExpired:
         raise BackendError(f"{argv[0]} did not answer in {COMMAND_TIMEOUT}s: is the Slurm controller "
                            "reachable (scontrol ping)?") from None
@@ -105,6 +107,32 @@ def submit(argv: Sequence[str], script: str, env: Mapping[str, str] | None = Non
     if not job_id.isdigit():
         raise BackendError(f"sbatch answered {result.stdout.strip()!r}, not a job id")
     return job_id
+
+
+def submitted(argv: Sequence[str], script: str, env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """:func:`submit`, where a failure whose answer may have been lost (a timeout, a controller that dropped the
+    connection after it took the job) is checked against the queue: the job with the same unique name is
+    adopted. The job's id, and what was said about the failure that was overcome (None: there was none)."""
+    try:
+        return submit(argv, script, env), None
+    except BackendError as failed:
+        name = next((token.split("=", 1)[1] for token in argv if token.startswith("--job-name=")), None)
+        try:
+            found = named(name) if name else []
+        except BackendError:
+            raise failed from None
+        if len(found) != 1:
+            raise
+        return found[0], f"{failed}; the controller had taken the job all the same: job {found[0]} ({name})"
+
+
+def named(name: str) -> list[str]:
+    """The ids of the jobs the controller knows by this name (a fixed --format: one id per line)."""
+    argv = ["squeue", "--noheader", f"--name={name}", "--format=%i"]
+    result = _command(argv)
+    if result.returncode != 0:
+        raise _failed(argv, result)
+    return result.stdout.split()
 
 
 def jobs(job_ids: Sequence[str]) -> dict[str, Job]:
