@@ -42,15 +42,16 @@ def run_id_from(output: str) -> str:
     return re.search(r"^run (\S+): \d+ nodes? on \w+", output, re.M).group(1)
 
 
-class Watcher:
-    """`launcher watch` as a subprocess; lines are collected and can be awaited."""
+class LiveCli:
+    """A CLI command as a subprocess; its lines (stdout and stderr) are collected and can be awaited."""
 
-    def __init__(self, run_id: str, env: dict):
-        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", "watch", run_id], env=env,
+    def __init__(self, args: list[str], env: dict, cwd: str | os.PathLike | None = None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", *args], env=env, cwd=cwd,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         self.cond = threading.Condition()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pumping = threading.Thread(target=self._pump, daemon=True)
+        self._pumping.start()
 
     def _pump(self) -> None:
         for line in self.proc.stdout:
@@ -73,8 +74,16 @@ class Watcher:
 
     def finish(self, timeout: float = 60) -> tuple[int, str]:
         code = self.proc.wait(timeout)
-        time.sleep(0)  # let the pump thread drain (it ends with the pipe)
-        return code, "\n".join(self.lines)
+        self._pumping.join(timeout)  # every line read: the pump ends with the pipe
+        with self.cond:
+            return code, "\n".join(self.lines)
+
+
+class Watcher(LiveCli):
+    """`launcher watch RUN` as a subprocess."""
+
+    def __init__(self, run_id: str, env: dict):
+        super().__init__(["watch", run_id], env)
 
 
 def wait_until(condition, timeout: float) -> bool:

@@ -6,6 +6,7 @@ import http.client
 import http.server
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -53,7 +54,15 @@ class MotoServer:
                                skip_instance_cache=True)
         fs.mkdir(name)
 
+    def pause(self) -> None:
+        """An outage: the server stops (SIGSTOP) with its port open, so requests are accepted and never answered."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
+        self.resume()  # a stopped process would take SIGTERM only once resumed
         self.proc.terminate()
         self.proc.wait(timeout=10)
 

@@ -12,6 +12,7 @@ from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
 from launcher.gpus import describe
 from launcher.node.rounds import grouped_history
 from launcher.runs import attempts
+from launcher.runs.preflight import quick_work_dir
 from launcher.runs.state import RunInfo, all_runs, resolve_run
 from launcher.runs.view import RunView, closing_line, open_run, read_view, record_lost
 from launcher.wording import plural
@@ -73,7 +74,10 @@ def status(ref: str | None, *, as_json: bool) -> int:
     info = resolve_run(ref)
     view = read_view(info)
     if view.lost:
-        record_lost(view, open_run(info))
+        refused = record_lost(view, open_run(info))
+        if refused:
+            print(f"note: the lost nodes' ends are shown as read, not recorded in the work dir: {refused}",
+                  file=sys.stderr)
     rounds = _rounds(info)
     data = _data(info)
     if as_json:
@@ -146,8 +150,8 @@ def show_config(ref: str | None) -> int:
 
 
 def _result(info: RunInfo) -> str:
-    try:
-        return read_view(info).result
+    try:  # the quick bounds: one run's unreachable store must not hold up the others for minutes
+        return read_view(info, quick_work_dir(attempts.current_url(info))).result
     except LauncherError as exc:  # an unreachable work dir must not hide the other runs
         return f"unknown ({exc})"
 

@@ -219,6 +219,7 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
     engine_said: str | None = None
+    unwritable = False  # the work dir refused the lost nodes' records once: they are derived, not tried again
     next_view = 0.0
     while True:
         if time.monotonic() >= next_view:
@@ -236,7 +237,11 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
                 follower.poll(final=True)  # the last lines of the attempt that ended
                 out.write(started_line(info) + "\n")
                 follower, states = LogFollower(info, out, nodes=nodes, verbose=verbose), {}
-            record_lost(view, follower.run)
+            refused = None if unwritable or not view.lost else record_lost(view, follower.run)
+            if refused:
+                unwritable = True
+                sys.stderr.write(f"note: the lost nodes' ends are shown as read, not recorded in the work dir: "
+                                 f"{refused}\n")
             if show_states:
                 follower.state_changes(view, states)
             next_view = time.monotonic() + VIEW_SECONDS

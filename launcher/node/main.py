@@ -74,6 +74,7 @@ class _Ended:
     stopped: bool = False  # stopped on request (a signal after training ended changes nothing)
     limit: str | None = None  # the run's own limit (maxRuntime) was reached: no node is the cause
     round_over: bool = False  # another node ended the membership round (recovering runs)
+    store_failure: str | None = None  # the work dir could not be used (gone for good, full): this node's failure
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class Node:
         self.settings = settings
         self.run = WorkDir(settings.run_url)
         self.shipper = LogShipper(self.run, settings.node, continues=settings.incarnation > 0).start()
+        self.run.outage.say = self.say  # once when the work dir stops answering, once when it answers again
         self.status = StatusRecord(self.run, settings.node, settings.run_id)
         self.control = ControlWatch(self.run, settings.node)
         self.proc: subprocess.Popen | None = None
@@ -202,9 +204,10 @@ class Node:
                 return self._conclude(outcome)
             if outcome.round_end is not None:
                 rounds.end(number, outcome.round_end)
-            synced = self.sync.sync()  # what it wrote reaches the work dir, for the next round's restore
-            self.say(f"round {number} ended: {outcome.reason or 'another node ended it'}"
-                     + (f"; synced {synced} output files" if synced else ""))
+            self.say(f"round {number} ended: {outcome.reason or 'another node ended it'}")
+            failure = self._sync_failure()  # what it wrote reaches the work dir, for the next round's restore
+            if failure:
+                return self._finish("failed", failure, EXIT_STORE, mark_failed=True)
             number += 1
 
     def _members_text(self, current: Round, policy: Policy) -> str:
@@ -290,13 +293,35 @@ class Node:
 
     def _conclude(self, outcome: _Outcome) -> int:
         """The run is over for this node: say so first (peers stop at once), then sync, then the final status."""
-        settings = self.settings
         if outcome.mark_failed:  # before the outputs sync, which may take long: peers stop and learn why at once
             self._mark_failed(outcome.state, outcome.reason, outcome.exit_code, outcome.details)
-        synced = self.sync.sync()
-        if synced:
-            self.say(f"synced {synced} output files to {self.run.url}/outputs/{settings.node}/")
+        failure = self._sync_failure()
+        if failure and outcome.state in ("succeeded", LEFT):  # what it trained for did not reach the work dir
+            return self._finish("failed", failure, EXIT_STORE, mark_failed=True)
+        if failure:  # it ends as it would have; this comes on top
+            self.say(failure)
         return self._finish(outcome.state, outcome.reason, outcome.exit_code, details=outcome.details)
+
+    def _sync_failure(self) -> str | None:
+        """Sync the outputs; None when that worked, else what failed and where the files it could not upload stay."""
+        try:
+            synced = self.sync.sync()
+        except StoreError as exc:
+            return self._describe_sync_failure(exc)
+        if synced:
+            self.say(f"synced {synced} output files to {self.run.url}/{outputs_mod.OUTPUTS_PREFIX}/{self.settings.node}/")
+        return None
+
+    def _describe_sync_failure(self, exc: StoreError) -> str:
+        """``outputs sync of checkpoints/ck.pt: No space left on device in WORK_DIR; not in the work dir, kept in
+        DIR: checkpoints/ck.pt``: the file whose upload failed (where the error says), the store's words, and where
+        the files the work dir did not get stay."""
+        prefix = f"{outputs_mod.OUTPUTS_PREFIX}/{self.settings.node}/"
+        file = f" of {exc.key[len(prefix):]}" if exc.key and exc.key.startswith(prefix) else ""
+        left = self.sync.unsynced()
+        kept = f"; not in the work dir, kept in {self.settings.outputs_dir}: {', '.join(left[:5])}" \
+            f"{' ...' if len(left) > 5 else ''}" if left else ""
+        return f"outputs sync{file}: {exc.reason} in {self.run.url}{kept}"
 
     def _supervise(self, rank_logs: RankLogs, rounds: Rounds | None, number: int, members: list[str]) -> _Ended:
         """Wait for torchrun to exit, meanwhile enforcing the limits, obeying stop requests and syncing; in a
@@ -310,6 +335,10 @@ class Node:
         exited = _ExitEvent(self.proc.pid)
         try:
             while not exited.wait(0.5):  # wakes when torchrun exits, or after 0.5 s for the periodic duties
+                if self.run.gone:  # its logs, status and outputs can no longer be saved: training here is lost
+                    failure = f"the work dir {self.run.url} was {self.run.outage.describe()}"
+                    self.say(f"stopping training: {failure}")
+                    return _Ended(self._terminate(), store_failure=failure)
                 if self._runtime_exceeded():
                     limit = f"the run exceeded its maxRuntime ({settings.max_runtime:g}s)"
                     self._record_limit(limit)
@@ -335,7 +364,10 @@ class Node:
                     self.status.heartbeat()
                     next_heartbeat = now + HEARTBEAT_SECONDS
                 if now >= next_sync:
-                    self.sync.sync()
+                    failure = self._sync_failure()
+                    if failure:
+                        self.say(f"stopping training: {failure}")
+                        return _Ended(self._terminate(), store_failure=failure)
                     next_sync = now + settings.outputs_sync_interval
             return _Ended(self.proc.wait())
         finally:
@@ -345,6 +377,8 @@ class Node:
         """How training ended for this node; reads the rank logs, so before they are deleted."""
         if ended.own_failure:
             return _Outcome("failed", ended.own_failure, EXIT_TIMED_OUT, mark_failed=True)
+        if ended.store_failure:
+            return _Outcome("failed", ended.store_failure, EXIT_STORE, mark_failed=True)
         if self.stop_request and self.stop_request.state == LEFT:  # asked to leave: nothing failed
             return _Outcome(LEFT, self.stop_request.reason, 0)
         if ended.limit:
@@ -527,15 +561,21 @@ class Node:
                 details: dict | None = None) -> int:
         if mark_failed:
             self._mark_failed(state, reason, exit_code, details)
-        if self.settings.outputs_temporary:  # however the node ends: a directory launcher chose is not left behind
-            left = outputs_mod.tidy_temporary(self.sync)
-            if left:
-                self.say(f"the work dir did not get {plural(len(left), 'output file')}; they stay in "
-                         f"{self.settings.outputs_dir}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''}")
+        # however the node ends: a directory launcher chose is not left behind; the files the work dir lacks are named
+        left = outputs_mod.tidy_temporary(self.sync) if self.settings.outputs_temporary else self.sync.unsynced()
+        if left:
+            self.say(f"the work dir did not get {plural(len(left), 'output file')}; they stay in "
+                     f"{self.settings.outputs_dir}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''}")
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
         self.shipper.flush()  # every log line is in the work dir before the final status says so
-        self.status.update(state=state, reason=reason, exit_code=exit_code, **(details or {}))
-        return exit_code
+        refused = self.status.update(state=state, reason=reason, exit_code=exit_code, **(details or {}))
+        if refused is None:
+            return exit_code
+        # Its parent (a supervisor) and the readers learn its end from its exit status and this console line.
+        ended = state + (f": {reason}" if reason else "")
+        print(f"[launcher {self.settings.node}] failed to record its end in the work dir ({ended}): {refused}",
+              file=sys.stderr, flush=True)
+        return exit_code or EXIT_STORE
 
 
 class _ExitEvent:

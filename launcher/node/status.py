@@ -32,7 +32,9 @@ class StatusRecord:
             "reason": None, "started_at": now, "updated_at": now, "ended_at": None,
         }
 
-    def update(self, **changes: Any) -> None:
+    def update(self, **changes: Any) -> StoreError | None:
+        """Write the record with ``changes``; a store error is returned (the next update or heartbeat writes the
+        whole record again), for the one write that has no next: the final state."""
         with self._lock:
             self.record.update(changes)
             now = time.time()
@@ -42,8 +44,9 @@ class StatusRecord:
             data = json.dumps(self.record).encode()
         try:
             self.store.put(status_key(self.record["node"]), data)
-        except StoreError:
-            pass  # the next update or heartbeat writes the whole record again
+        except StoreError as exc:
+            return exc
+        return None
 
     def heartbeat(self) -> None:
         self.update()

@@ -9,6 +9,7 @@ request rate per node can be measured (benchmarks/) and bounded (docs/protocol.m
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import random
 import threading
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from launcher.errors import EXIT_BACKEND, LauncherError
+from launcher.node.outage import Outage, deadline_from_env
 from launcher.wording import plural
 
 T = TypeVar("T")
@@ -35,8 +37,8 @@ PERMANENT_NAMES = ("NoCredentialsError", "PartialCredentialsError", "NoRegionErr
                    "ConfigFileNotFound", "ProfileNotFound")
 
 
-DEFAULT_DEADLINE_SECONDS = 120.0
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 60.0
+MIN_REQUEST_TIMEOUT_SECONDS = 1.0  # the last request of an outage that nearly reached its limit
 
 
 class StoreError(LauncherError):
@@ -44,9 +46,11 @@ class StoreError(LauncherError):
 
     exit_status = EXIT_BACKEND
 
-    def __init__(self, message: str, *, permanent: bool):
+    def __init__(self, message: str, *, permanent: bool, key: str | None = None, reason: str = ""):
         super().__init__(message)
         self.permanent = permanent
+        self.key = key  # the object the operation was about, where it was about one
+        self.reason = reason or message  # the store's words alone, e.g. "No space left on device"
 
 
 def is_permanent(exc: BaseException) -> bool:
@@ -83,12 +87,22 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def short_reason(exc: BaseException) -> str:
+    """What went wrong in a few words: ``No space left on device`` for an OSError with an errno, else its words."""
+    if isinstance(exc, OSError) and exc.errno is not None and exc.strerror:
+        return exc.strerror
+    return describe_error(exc)
+
+
 class WorkDir:
     """One run's directory, ``{work_dir}/{run_id}``; keys are relative paths like ``nodes/a.json``."""
 
-    def __init__(self, url: str, *, attempts: int = 8, base_delay: float = 0.1, max_delay: float = 5.0,
+    def __init__(self, url: str, *, attempts: int | None = None, base_delay: float = 0.1, max_delay: float = 5.0,
                  fresh_instance: bool = False, storage_options: dict[str, Any] | None = None,
-                 deadline: float | None = None, request_timeout: float | None = None):
+                 deadline: float | None = None, request_timeout: float | None = None, outage: Outage | None = None):
+        """``attempts``: at most this many tries per operation (None: as many as the outage limit allows);
+        ``deadline``: how long an outage may last before this client gives up (default: LAUNCHER_STORE_DEADLINE);
+        ``outage``: a clock shared with other clients (then ``deadline`` is its limit)."""
         import fsspec
 
         self.url = url.rstrip("/")
@@ -114,15 +128,17 @@ class WorkDir:
         self.root = self.root.rstrip("/")
         self.is_local = "file" in _protocols(self.fs)
         self.attempts = attempts
-        # No more retries once an operation has taken this long (the attempt under way may add one
-        # request timeout): a stalled store ends in a clear failure, never a hang.
-        self.deadline = deadline if deadline is not None else float(os.environ.get("LAUNCHER_STORE_DEADLINE",
-                                                                                   DEFAULT_DEADLINE_SECONDS))
+        # Once the store has been unreachable this long, across operations, this client gives up on it:
+        # a stalled or vanished store ends in a clear failure within one stated time, never a hang.
+        try:
+            self.outage = outage or Outage(deadline if deadline is not None else deadline_from_env())
+        except ValueError as exc:
+            raise StoreError(f"work dir {self.url}: {exc}", permanent=True) from None
         # One request to an asynchronous store (s3fs) gives up after this long: a PUT to a store that
         # accepts and never answers otherwise waits forever (its read timeout does not cover it).
-        timeout = request_timeout if request_timeout is not None else float(
+        self.request_timeout = request_timeout if request_timeout is not None else float(
             os.environ.get("LAUNCHER_STORE_TIMEOUT", DEFAULT_REQUEST_TIMEOUT_SECONDS))
-        self._timeout: dict[str, float] = {"timeout": timeout} if getattr(self.fs, "async_impl", False) else {}
+        self._async = bool(getattr(self.fs, "async_impl", False))
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.requests = 0
@@ -133,25 +149,47 @@ class WorkDir:
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if key else self.root
 
-    def _call(self, what: str, action: Callable[[], T]) -> T:
-        started = time.monotonic()
-        for attempt in range(1, self.attempts + 1):
+    @property
+    def _timeout(self) -> dict[str, float]:
+        """The request timeout for an asynchronous store (s3fs), never past the end of the outage's limit."""
+        if not self._async:
+            return {}
+        return {"timeout": max(MIN_REQUEST_TIMEOUT_SECONDS, min(self.request_timeout, self.outage.remaining()))}
+
+    @property
+    def gone(self) -> bool:
+        """This client has given up on the store: it was unreachable for the outage limit."""
+        return self.outage.exhausted()
+
+    def _call(self, what: str, action: Callable[[], T], key: str | None = None) -> T:
+        """``action`` until it succeeds; permanent errors at once, transient ones retried while the outage lasts
+        less than its limit (and ``attempts`` allows)."""
+        for attempt in itertools.count(1):
+            if self.outage.exhausted():  # given up: no request, so a process that ends does so at once
+                raise StoreError(f"work dir {self.url}: {what} not tried: the store was {self.outage.describe()}",
+                                 permanent=False, key=key, reason=f"unreachable: {self.outage.error}")
             with self._lock:
                 self.requests += 1
+            request_started = time.monotonic()
             try:
-                return action()
+                result = action()
             except Exception as exc:
                 if is_permanent(exc):
                     raise StoreError(f"work dir {self.url}: {what} failed: {describe_error(exc)}",
-                                     permanent=True) from exc
-                elapsed = time.monotonic() - started
-                if attempt == self.attempts or elapsed >= self.deadline:  # transient, but it lasted
-                    raise StoreError(f"work dir {self.url}: {what} failed after {plural(attempt, 'attempt')} in "
-                                     f"{elapsed:.0f}s: {describe_error(exc)}", permanent=False) from exc
+                                     permanent=True, key=key, reason=short_reason(exc)) from exc
+                self.outage.failed(request_started, describe_error(exc), self.url)
+                if attempt == self.attempts or self.outage.exhausted():  # transient, but it lasted
+                    raise StoreError(f"work dir {self.url}: {what} failed after {plural(attempt, 'attempt')}; the "
+                                     f"store was {self.outage.describe()}", permanent=False, key=key,
+                                     reason=f"unreachable: {describe_error(exc)}") from exc
                 with self._lock:
                     self.retries += 1
                 # Full jitter: spreads retries of many nodes hitting the same fault.
-                time.sleep(self._random.uniform(0, min(self.max_delay, self.base_delay * 2 ** attempt)))
+                delay = self._random.uniform(0, min(self.max_delay, self.base_delay * 2 ** attempt))
+                time.sleep(max(0.0, min(delay, self.outage.remaining())))
+                continue
+            self.outage.answered(self.url)
+            return result
         raise AssertionError("unreachable")
 
     # -- objects ---------------------------------------------------------------------------------
@@ -159,9 +197,9 @@ class WorkDir:
         """Write a whole object; readers see the old or the new bytes, never a part."""
         path = self._path(key)
         if self.is_local:
-            self._call(f"put {key}", lambda: _local_replace(path, data))
+            self._call(f"put {key}", lambda: _local_replace(path, data), key)
         else:
-            self._call(f"put {key}", lambda: self.fs.pipe_file(path, data, **self._timeout))
+            self._call(f"put {key}", lambda: self.fs.pipe_file(path, data, **self._timeout), key)
 
     def create(self, key: str, data: bytes) -> bool:
         """Write only if absent; False if the object already exists.
@@ -187,7 +225,7 @@ class WorkDir:
                     return False
                 raise
 
-        return self._call(f"create {key}", attempt)
+        return self._call(f"create {key}", attempt, key)
 
     def get(self, key: str) -> bytes | None:
         path = self._path(key)
@@ -198,7 +236,7 @@ class WorkDir:
             except FileNotFoundError:
                 return None
 
-        return self._call(f"get {key}", attempt)
+        return self._call(f"get {key}", attempt, key)
 
     def get_record(self, key: str) -> dict[str, Any]:
         """A JSON object record; {} when absent or damaged (a broken node must not break its readers)."""
@@ -299,24 +337,42 @@ def _temporary_name(path: str) -> str:
     return os.path.join(head, f".{tail}.{uuid.uuid4().hex}.tmp")
 
 
-def _local_replace(path: str, data: bytes) -> None:
+def _write_temporary(path: str, data: bytes) -> str:
+    """``data`` in a new hidden sibling of ``path``; nothing is left behind when that fails (a full disk)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = _temporary_name(path)
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    return tmp
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _local_replace(path: str, data: bytes) -> None:
+    tmp = _write_temporary(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
 
 
 def _local_create(path: str, data: bytes) -> None:
     """Publish complete bytes under ``path`` only if it does not exist (hard link is atomic and exclusive)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = _temporary_name(path)
-    with open(tmp, "wb") as handle:
-        handle.write(data)
+    tmp = _write_temporary(path, data)
     try:
         os.link(tmp, path)
     finally:
-        os.unlink(tmp)
+        _remove_quietly(tmp)
 
 
 def _is_precondition_failure(exc: Exception) -> bool:

@@ -4,26 +4,28 @@ The work-dir check writes the run's own record ``run.json`` with create-if-absen
 proves the store can be written with this machine's credentials, and refuses a run id that
 was used before in the same work dir. Permanent store errors (missing bucket, read-only
 directory, no credentials) fail at once; transient ones get a few quick retries. The verbs
-that read a run later (status, watch, list, ...) reach its work dir with the same bounds.
+that read a run later (status, watch, data, ``run`` while it follows) ride out an outage of the
+store as long as its nodes do (``LAUNCHER_STORE_DEADLINE``), saying so once; ``list`` keeps the
+quick bounds, so that one run's store does not hold up the listing of the others.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import sys
 import time
 from typing import Any
 
 from launcher.errors import BackendError, BadInput
+from launcher.node.outage import Outage, deadline_from_env
 from launcher.node.outputs import OUTPUTS_PREFIX
 from launcher.node.store import StoreError, WorkDir
 from launcher.workdirs import REMOTE_SCHEMES, scheme, unusable_reason
 
 RUN_RECORD = "run.json"
 QUICK_DEADLINE_SECONDS = 10.0  # for all attempts, and for any one request
-# The read verbs (status, watch, list, ...) use the same bounds with more attempts: a follower reads
-# for hours, and a store's occasional 503 must not end it, while an outage still ends it in seconds.
-READ_ATTEMPTS = 8
 
 
 def quick_options(kind: str) -> dict[str, Any] | None:
@@ -39,19 +41,31 @@ def quick_options(kind: str) -> dict[str, Any] | None:
     return None
 
 
-def quick_work_dir(url: str, *, attempts: int = 3) -> WorkDir:
-    """A client-side view of ``url`` that fails in seconds rather than retrying for a minute."""
+def quick_work_dir(url: str, *, attempts: int | None = 3, outage: Outage | None = None) -> WorkDir:
+    """A client-side view of ``url`` that fails in seconds rather than retrying for a minute, unless ``outage``
+    (a clock with a limit of its own) says how long to ride out the store's outages."""
     store = WorkDir(url, attempts=attempts, base_delay=0.2, max_delay=1.0, fresh_instance=True,
                     storage_options=quick_options(scheme(url)), deadline=QUICK_DEADLINE_SECONDS,
-                    request_timeout=QUICK_DEADLINE_SECONDS)
+                    request_timeout=QUICK_DEADLINE_SECONDS, outage=outage)
     if hasattr(store.fs, "retries"):  # s3fs's own retry count is a class attribute, not an option
         store.fs.retries = 1
     return store
 
 
 def reading_work_dir(url: str) -> WorkDir:
-    """The client's view of a run's work dir for the verbs that read it: gives up within seconds."""
-    return quick_work_dir(url, attempts=READ_ATTEMPTS)
+    """The client's view of a run's work dir for the verbs that read and follow it: one request tries for at most
+    10 s, and an outage is ridden out, across every work dir this command reads, for ``LAUNCHER_STORE_DEADLINE``."""
+    return quick_work_dir(url, attempts=None, outage=_reading_outage())
+
+
+@functools.lru_cache(maxsize=1)
+def _reading_outage() -> Outage:
+    """One clock for this command's reads, so that it says once that its work dir is unreachable and gives up once."""
+    try:
+        limit = deadline_from_env()
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    return Outage(limit, say=lambda message: print(f"note: {message}", file=sys.stderr, flush=True))
 
 
 INSTALL_HINT = {"s3": "pip install 'launcher[s3]'", "oci": "pip install 'launcher[oci]'"}

@@ -131,6 +131,12 @@ def error_line(tail: list[str]) -> str | None:
     return next((line.strip() for line in reversed(tail) if ERROR_LINE.search(line)), None)
 
 
+def with_error_line(reason: str, console_log: str) -> str:
+    """``reason`` and, where the node's console says why it ended, that line too."""
+    said = error_line(console_tail(console_log))
+    return f"{reason}: {said}" if said else reason
+
+
 def end_round_for_lost_node(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str,
                             console_log: str, at: float | None) -> None:
     """A member of a recovering run died: end its round (the others meet in the next) and mark it lost."""
@@ -186,10 +192,8 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
     if status.get("round") is not None and not cancelled:  # a recovering run: its round ends, the run goes on
         end_round_for_lost_node(run, name, status, exit_code, reason, console_log, at)
         return
-    tail = console_tail(console_log)
-    said = error_line(tail)
-    reason = f"{reason}: {said}" if said else reason
-    details = {"console_log": console_log, "last_output": tail}
+    reason = with_error_line(reason, console_log)
+    details = {"console_log": console_log, "last_output": console_tail(console_log)}
     status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
                    "reason": reason, "ended_at": time.time() if at is None else at, "updated_at": time.time(),
                    "reported_by": "supervisor", **details})

@@ -18,7 +18,7 @@ from launcher.backends.base import Backend, NodeFate
 from launcher.node.control import CANCEL, CONTROL_PREFIX, LIMIT, node_label, record_failure
 from launcher.node.rendezvous import DECISION_KEY
 from launcher.node.status import FINAL_STATES, status_key
-from launcher.node.store import WorkDir
+from launcher.node.store import StoreError, WorkDir
 from launcher.runs.attempts import Attempt, current_url, history
 from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo
@@ -168,14 +168,24 @@ def _round_decision(run: WorkDir) -> dict[str, Any]:
     return {**asdict(latest.decision), "round": latest.number} if latest and latest.decision else {}
 
 
-def record_lost(view: RunView, run: WorkDir) -> None:
+def record_lost(view: RunView, run: WorkDir) -> StoreError | None:
     """Write into the work dir what lost nodes could not: a failed status and a failure marker.
 
     Peers then stop within seconds (they watch the markers), and the record outlives the
     processes that proved it. Skipped for cancelled runs: there, a gone node is expected.
+    Only a help: every reader derives the same states from the view, so a work dir that cannot
+    be written (full, read-only) is returned, not raised, and reading goes on.
     """
     if view.cancel is not None:
-        return
+        return None
+    try:
+        _write_lost(view, run)
+    except StoreError as exc:
+        return exc
+    return None
+
+
+def _write_lost(view: RunView, run: WorkDir) -> None:
     marked = {failure.get("node") for failure in view.failures}
     for name, lost in view.lost.items():
         details = {"console_log": lost["console_log"], "last_output": lost["last_output"]}

@@ -12,11 +12,16 @@ import time
 
 from launcher.backends.local.processes import write_processes
 from launcher.node.leftovers import describe, save_leftovers
+from launcher.node.main import EXIT_STORE
 from launcher.node.status import status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_env, added_node_gpus, read_added, write_added_record
 from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf,
-                                       replacement_wanted, write_exit_record)
+                                       replacement_wanted, with_error_line, write_exit_record)
+
+# A node that exited EXIT_STORE gave up on the work dir (unreachable for LAUNCHER_STORE_DEADLINE, or unusable):
+# recording its end there gets this long, not a whole new outage, so that the supervisor ends soon after it.
+GAVE_UP_DEADLINE_SECONDS = 10.0
 
 
 def main(state_dir: str, run_url: str) -> int:
@@ -90,11 +95,12 @@ class Supervisor:
         ended_at = time.time()
         _say(f"node {name} (pid {proc.pid}) ended: {returncode}")
         exit_code, reason = describe(returncode)
+        console = str(console_log_path(self.state_dir, name))
+        run = WorkDir(self.run.url, deadline=GAVE_UP_DEADLINE_SECONDS) if returncode == EXIT_STORE else self.run
         try:
-            status = self.run.get_record(status_key(name))
-            save_leftovers(self.run, name, status)
-            record_on_behalf(self.run, name, status, exit_code, reason, str(console_log_path(self.state_dir, name)),
-                             at=ended_at)
+            status = run.get_record(status_key(name))
+            save_leftovers(run, name, status)
+            record_on_behalf(run, name, status, exit_code, reason, console, at=ended_at)
             if status.get("state") == "lost" and replacement_wanted(self.run, self.recovery, self.replaced):
                 self.replaced += 1
                 pid = self.spawn(self.by_name[name], incarnation=self.replaced)
@@ -103,8 +109,10 @@ class Supervisor:
                 return  # no exit record: the node goes on
         except StoreError as exc:
             _say(f"could not record the end of node {name}: {exc}")
-        # Written last: a reader that sees it knows the node's outputs and logs are saved, or never will be.
-        write_exit_record(self.state_dir, name, exit_code, reason, ended_at, returncode=returncode)
+        # Written last: a reader that sees it knows the node's outputs and logs are saved, or never will be; where the
+        # work dir could not take the node's end, readers derive it from this record (with the console's last word).
+        write_exit_record(self.state_dir, name, exit_code, with_error_line(reason, console), ended_at,
+                          returncode=returncode)
 
 
 def _wake_on(signum: int) -> int:
