@@ -187,6 +187,8 @@ class OciSim:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.runs: dict[str, JobRun] = {}
         self.objects: dict[tuple[str, str, str], tuple[bytes, float]] = {}
+        self.multipart_md5: dict[tuple[str, str, str], str] = {}  # objects made by a multipart upload: their md5
+        self.uploads: dict[str, tuple[tuple[str, str, str], dict[int, bytes]]] = {}  # upload id -> (object, parts)
         self.requests: list[tuple[str, str, Any]] = []  # (method, path, parsed body) of every accepted request
         self.faults: list[tuple[str, str, int, str, str, int]] = []  # (method, path regex, status, code, msg, times)
         self.lost_answers: list[tuple[str, str]] = []  # (method, path regex): done, then answered 500 once
@@ -210,6 +212,7 @@ class OciSim:
         self.search_too_large: int | None = None  # more results than this in one window: 400 "too large"
         self.node_env: dict[str, str] = {}  # extra env for every node: test settings, not something the service sets
         self.lock = threading.RLock()
+        self.stopped = False  # set by stop(): no node process starts after it
         self.ids = itertools.count(1)
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -252,6 +255,7 @@ class OciSim:
 
     def stop(self) -> None:
         with self.lock:
+            self.stopped = True
             for run in self.runs.values():
                 for node in run.nodes:
                     if node.process and node.process.poll() is None:
@@ -305,7 +309,9 @@ class OciSim:
             raise Refused(401, "NotAuthenticated", "the request is not signed")
         names = fields.get("headers", "").split()
         needed = ["date", "(request-target)", "host"]
-        if method in ("POST", "PUT") and "/o/" not in target:  # object bodies are signed without content headers
+        # Object bodies (PutObject, UploadPart) are signed without content headers: the SDK's put_object and
+        # upload_part call with enforce_content_headers=False (oci/object_storage/object_storage_client.py).
+        if method in ("POST", "PUT") and "/o/" not in target and not (method == "PUT" and "/u/" in target):
             needed += ["content-length", "content-type", "x-content-sha256"]
         if any(name not in names for name in needed):
             raise Refused(401, "NotAuthenticated", f"signed headers {names} lack some of {needed}")
@@ -374,6 +380,12 @@ class OciSim:
                 self.requests.append((method, path, None))
             namespace, bucket, name = match[1], match[2], urllib.parse.unquote(match[3] or "")
             return self._object(method, namespace, bucket, name, query, headers, body)
+        match = re.fullmatch(r"/n/([^/]+)/b/([^/]+)/u(?:/(.+))?", path)
+        if match:
+            with self.lock:
+                self.requests.append((method, path, None))
+            key = (match[1], match[2], urllib.parse.unquote(match[3] or ""))
+            return self._multipart(method, key, query, headers, body)
         if re.fullmatch(r"/n/[^/]+/b/[^/]+", path) and method in ("GET", "HEAD"):  # the bucket exists
             return 200, {"name": path.rsplit("/", 1)[1]}, {"etag": "bucket-1"}
         try:
@@ -442,6 +454,7 @@ class OciSim:
                 if headers.get("if-none-match") == "*" and key in self.objects:
                     raise Refused(412, "IfNoneMatchFailed", f"object {name} already exists")
                 self.objects[key] = (body, time.time())
+                self.multipart_md5.pop(key, None)
                 return 200, None, {"etag": hashlib.md5(body).hexdigest()}
             if not name and method == "GET":
                 return 200, self._list(namespace, bucket, query), {}
@@ -450,10 +463,20 @@ class OciSim:
                 raise Refused(404, "ObjectNotFound", f"object {name} not found in bucket {bucket}")
             if method == "DELETE":
                 del self.objects[key]
+                self.multipart_md5.pop(key, None)
                 return 204, None, {}
             data, modified = stored
-            meta = {"etag": hashlib.md5(data).hexdigest(), "content-md5": base64.b64encode(hashlib.md5(data).digest())
-                    .decode(), "last-modified": email.utils.formatdate(modified, usegmt=True),
+            etag = hashlib.md5(data).hexdigest()
+            # if-match pins a read to one version of the object; another answers 412 (the SDK's get_object docstring:
+            # "If the specified ETag matches the ETag of the existing resource, GET and HEAD requests will return
+            # the resource"), which the SDK's DownloadManager relies on for the parts of one download.
+            if headers.get("if-match") not in (None, etag):
+                raise Refused(412, "IfMatchFailed", f"object {name} has changed")
+            # An object committed from parts carries opc-multipart-md5 instead of content-md5 (the SDK's
+            # DownloadManager tells the two apart by these headers).
+            md5 = ({"opc-multipart-md5": self.multipart_md5[key]} if key in self.multipart_md5
+                   else {"content-md5": base64.b64encode(hashlib.md5(data).digest()).decode()})
+            meta = {"etag": etag, **md5, "last-modified": email.utils.formatdate(modified, usegmt=True),
                     "content-type": "application/octet-stream", "accept-ranges": "bytes",
                     "version-id": f"v{int(modified * 1e6)}", "storage-tier": "Standard"}
             wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", headers.get("range") or "")
@@ -463,6 +486,58 @@ class OciSim:
                 meta["content-range"] = f"bytes {first}-{last}/{len(data)}"
                 return 206, data[first:last + 1], meta
             return 200, data, meta  # for HEAD the handler sends the headers only
+
+    def _multipart(self, method: str, key: tuple[str, str, str], query: dict, headers: Any,
+                   body: bytes) -> tuple[int, Any, dict]:
+        """Multipart uploads as the SDK calls them (oci/object_storage/object_storage_client.py): POST .../u starts
+        one (CreateMultipartUploadDetails: object), PUT .../u/{object}?uploadId&uploadPartNum uploads a part
+        (answered with its etag and opc-content-md5, which MultipartObjectAssembler reads), POST
+        .../u/{object}?uploadId commits the parts listed (partsToCommit: partNum, etag) as one object, DELETE
+        aborts. OCI's multipart page: part numbers 1 to 10,000, the object is assembled in part-number order and
+        appears only once committed; Content-MD5, when sent, must match the body (HTTP 400 otherwise)."""
+        namespace, bucket, name = key
+        if method == "POST" and not name:
+            details = json.loads(body or b"{}")
+            if not isinstance(details.get("object"), str):
+                raise Refused(400, "InvalidParameter", "object: required")
+            upload_id = f"upload-{next(self.ids)}"
+            with self.lock:
+                self.uploads[upload_id] = ((namespace, bucket, details["object"]), {})
+            return 200, {"namespace": namespace, "bucket": bucket, "object": details["object"], "uploadId": upload_id,
+                         "timeCreated": _iso(time.time()), "storageTier": "Standard"}, {}
+        with self.lock:
+            upload = self.uploads.get(query.get("uploadId", ""))
+        if upload is None or upload[0] != key:
+            raise Refused(404, "NoSuchUpload", f"no upload {query.get('uploadId')} of {name}")
+        parts = upload[1]
+        if method == "PUT":
+            number = int(query.get("uploadPartNum", "0"))
+            if not 1 <= number <= 10_000:
+                raise Refused(400, "InvalidParameter", "uploadPartNum: 1 to 10000")
+            md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
+            if headers.get("content-md5") not in (None, md5):
+                raise Refused(400, "UnmatchedContentMD5", f"The computed MD5 of the request body ({md5}) does not "
+                                                          f"match the Content-MD5 header ({headers['content-md5']})")
+            with self.lock:
+                parts[number] = body
+            return 200, None, {"etag": hashlib.md5(body).hexdigest(), "opc-content-md5": md5}
+        if method == "DELETE":
+            with self.lock:
+                self.uploads.pop(query["uploadId"], None)
+            return 204, None, {}
+        if method == "POST":
+            listed = sorted((part["partNum"], part["etag"]) for part in json.loads(body)["partsToCommit"])
+            with self.lock:
+                if any(number not in parts or hashlib.md5(parts[number]).hexdigest() != etag
+                       for number, etag in listed):
+                    raise Refused(400, "InvalidParameter", "a part to commit was not uploaded as listed")
+                data = b"".join(parts[number] for number, _ in listed)
+                digest = hashlib.md5(b"".join(hashlib.md5(parts[number]).digest() for number, _ in listed))
+                self.objects[key] = (data, time.time())
+                self.multipart_md5[key] = f"{base64.b64encode(digest.digest()).decode()}-{len(listed)}"
+                del self.uploads[query["uploadId"]]
+            return 200, None, {"etag": hashlib.md5(data).hexdigest(), "opc-multipart-md5": self.multipart_md5[key]}
+        raise Refused(404, "NotFound", f"{method} on a multipart upload is not served by this simulation")
 
     def _list(self, namespace: str, bucket: str, query: dict) -> dict[str, Any]:
         prefix, delimiter = query.get("prefix", ""), query.get("delimiter")
@@ -575,9 +650,12 @@ class OciSim:
                         | env | self.node_env)
             argv = [sys.executable if part == "python" else part for part in container.get("entrypoint", []) +
                     container.get("cmd", [])]
-            node.process = subprocess.Popen(argv, cwd=code_dir, env=node.env, stdout=subprocess.PIPE,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-            run.nodes.append(node)
+            with self.lock:  # stop() kills every node it can see: none may start after it looked
+                if self.stopped:
+                    return
+                node.process = subprocess.Popen(argv, cwd=code_dir, env=node.env, stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, start_new_session=True)
+                run.nodes.append(node)
             threading.Thread(target=self._pump, args=(node,), daemon=True).start()
         if multi and not self.metadata_held:
             self.write_metadata(run)

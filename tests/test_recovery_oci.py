@@ -451,7 +451,7 @@ def test_an_attempt_that_is_not_started_or_refused_or_cancelled_or_left_half_mad
         assert not fates["m"].running
         assert "attempt 2 could not be started: 400 LimitExceeded: Quota" in fates["m"].reason
         assert "note: attempt 2 of the run could not be started: 400 LimitExceeded" in capsys.readouterr().err
-        assert record["error"].startswith("400 LimitExceeded") and record["job_run"] is None
+        assert record["error"].startswith("400 LimitExceeded") and not record["units"]
         assert not fates_now(info)["m"].running and len(created_runs(sim)) == 1  # not tried again
         assert "attempt 2 could not be started: 400 LimitExceeded" in closing_line(read_view(info))
     elif case == "cancelled meanwhile":
@@ -460,7 +460,7 @@ def test_an_attempt_that_is_not_started_or_refused_or_cancelled_or_left_half_mad
         assert f"/20190101/jobRuns/{second.id}/actions/cancelJobRun" in [path for _, path, _ in sim.requests]
         assert wait_until(lambda: second.state == "CANCELED", 30) and read_view(info).result == "cancelled"
     else:
-        assert all(fate.running for fate in fates.values()) and record["job_run"] in sim.runs
+        assert all(fate.running for fate in fates.values()) and set(record["units"].values()) <= set(sim.runs)
         assert len(created_runs(sim)) == 2 and service.token("s", "attempt/2") in sim.created_by_token
 
 
@@ -510,7 +510,7 @@ def test_an_attempt_whose_nodes_all_reported_is_decided_at_once_and_started_once
                    **{"w-0": stopped, "w-1": stopped})
     assert all(fate.running for fate in fates_now(info).values())
     record = json.loads((top / "attempts" / "2.json").read_text())
-    assert record["started"] and record["job_run"] is None and record["cause"]["kind"] == "failure"
+    assert record["started"] and not record["units"] and record["cause"]["kind"] == "failure"
     assert len(created_runs(sim)) == 1 and read_view(info).result == "pending"  # attempt 2's namespace, empty
     if then == "a cancel comes":
         request_cancel(WorkDir(f"{top}/attempts/s.2"))
@@ -519,7 +519,7 @@ def test_an_attempt_whose_nodes_all_reported_is_decided_at_once_and_started_once
     fates = fates_now(info)
     record = json.loads((top / "attempts" / "2.json").read_text())
     if then == "its job run ends":
-        assert all(fate.running for fate in fates.values()) and record["job_run"] in sim.runs
+        assert all(fate.running for fate in fates.values()) and set(record["units"].values()) <= set(sim.runs)
         assert len(created_runs(sim)) == 2
     else:
         assert record["error"] == "the run was cancelled before it started" and len(created_runs(sim)) == 1
@@ -553,7 +553,7 @@ def test_restarts_count_across_attempts_and_their_rounds_and_the_next_nodes_are_
     assert third.started and third.restarts == 3
     env = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_WORK_DIR": "oci://b@ns/wd/", "X": "y",
            "LAUNCHER_RECOVERY": json.dumps({**recovery, "maxRestarts": 3})}
-    assert node_env(env, third, max_restarts) == {
+    assert node_env(env, third.number, third.restarts, max_restarts) == {
         "LAUNCHER_RUN_ID": "r.3", "LAUNCHER_WORK_DIR": "oci://b@ns/wd/r/attempts", "X": "y",
         "LAUNCHER_RESTORE_FROM": json.dumps(["oci://b@ns/wd/r", "oci://b@ns/wd/r/attempts/r.2"]),
         "LAUNCHER_RECOVERY": json.dumps({**recovery, "maxRestarts": 0})}

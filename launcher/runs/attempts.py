@@ -22,7 +22,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from launcher.runs.recovery import FAILURE, KILLED, LOST, Policy, RoundEnd, said
@@ -46,7 +46,8 @@ class Attempt:
     started: bool  # whether it was started; False: the run stopped (why: given_up)
     restarts: int = 0  # restarts the run had used once it began, this retry included
     given_up: str | None = None
-    job_run: str | None = None  # what the backend started for it (OCI: its job run), once it has
+    units: dict[str, str] = field(default_factory=dict)  # what the backend started for it, once it has: node ->
+    # its unit (OCI: the job run, keyed by the run id; Slurm: each node's job); empty until then
     error: str | None = None  # why the backend could not start it
     at: float = 0.0  # when a command took it on
 
@@ -58,7 +59,7 @@ class Attempt:
         if not isinstance(record.get("number"), int) or not isinstance(record.get("cause"), dict):
             return None
         return cls(record["number"], str(record.get("url")), record["cause"], bool(record.get("started")),
-                   int(record.get("restarts") or 0), record.get("given_up"), record.get("job_run"),
+                   int(record.get("restarts") or 0), record.get("given_up"), dict(record.get("units") or {}),
                    record.get("error"), float(record.get("at") or 0.0))
 
     @property
@@ -118,7 +119,7 @@ def follow(info: RunInfo, attempt: Attempt | None) -> None:
     that every verb reads that attempt's namespace (:func:`current_url`)."""
     from launcher.runs import state
 
-    now = None if attempt is None else {"number": attempt.number, "url": attempt.url, "job_run": attempt.job_run,
+    now = None if attempt is None else {"number": attempt.number, "url": attempt.url, "units": attempt.units,
                                         "cause": attempt.cause, "restarts": attempt.restarts}
     if info.backend_ids.get(CURRENT) == now:
         return
@@ -156,8 +157,10 @@ def attempt_end(view: RunView, store: WorkDir) -> RoundEnd | str:
     if root is None:
         return "not retried: no node failed"
     killed = (root.get("cause") or {}).get("signal") in KILL_SIGNALS
-    return RoundEnd(str(root.get("node")), KILLED if killed else FAILURE, str(root.get("reason")),
-                    root.get("exit_code"), float(root.get("at") or 0.0))
+    # an engine that took the machines (Slurm's time limit, a node failure, preemption) records its end as lost
+    kind = root.get("kind") if root.get("kind") in (LOST, KILLED) else KILLED if killed else FAILURE
+    return RoundEnd(str(root.get("node")), kind, str(root.get("reason")), root.get("exit_code"),
+                    float(root.get("at") or 0.0))
 
 
 def next_attempt(view: RunView, store: WorkDir, recovery: Mapping[str, Any], before: Attempt | None) -> Attempt:
@@ -178,15 +181,16 @@ def next_attempt(view: RunView, store: WorkDir, recovery: Mapping[str, Any], bef
     return Attempt(number, url, asdict(end), given_up is None, restarts, given_up=given_up, at=time.time())
 
 
-def node_env(env: Mapping[str, str], attempt: Attempt, max_restarts: int) -> dict[str, str]:
-    """The env of ``attempt``'s nodes, from that of attempt 1's (the run as submitted): their own run id and
-    namespace, every earlier attempt to restore from, and what is left of ``maxRestarts`` for their rounds."""
+def node_env(env: Mapping[str, str], number: int, restarts: int, max_restarts: int) -> dict[str, str]:
+    """The env of attempt ``number``'s nodes, from that of attempt 1's (the run as submitted): their own run id and
+    namespace, every earlier attempt to restore from, and what is left of ``maxRestarts`` for their rounds once the
+    run has used ``restarts``."""
     run_id, top = env["LAUNCHER_RUN_ID"], f"{env['LAUNCHER_WORK_DIR'].rstrip('/')}/{env['LAUNCHER_RUN_ID']}"
-    changed = {**env, "LAUNCHER_RUN_ID": f"{run_id}.{attempt.number}", "LAUNCHER_WORK_DIR": f"{top}/{PREFIX}",
-               RESTORE_FROM: json.dumps([namespace(top, run_id, number) for number in range(1, attempt.number)])}
+    changed = {**env, "LAUNCHER_RUN_ID": f"{run_id}.{number}", "LAUNCHER_WORK_DIR": f"{top}/{PREFIX}",
+               RESTORE_FROM: json.dumps([namespace(top, run_id, earlier) for earlier in range(1, number)])}
     if env.get("LAUNCHER_RECOVERY"):
         rounds = json.loads(env["LAUNCHER_RECOVERY"])
-        changed["LAUNCHER_RECOVERY"] = json.dumps({**rounds, "maxRestarts": max(0, max_restarts - attempt.restarts)})
+        changed["LAUNCHER_RECOVERY"] = json.dumps({**rounds, "maxRestarts": max(0, max_restarts - restarts)})
     return changed
 
 
