@@ -33,11 +33,17 @@ def deadline_from_env() -> float:
 
 
 class Outage:
-    """The current outage of one store, if any; ``say`` (optional) hears once when one begins and when it ends."""
+    """The current outage of one store, if any; ``say`` (optional) hears once when one begins and when it ends.
 
-    def __init__(self, limit: float, say: Callable[[str], None] | None = None):
+    ``for_good``: once the limit is reached the store counts as gone for the rest of the process (a node, a
+    supervisor: they end then, and must not wait again); otherwise (a command's reads, which end with the error
+    anyway) the next request starts afresh, so that a program that reads many runs is never stuck on one outage.
+    """
+
+    def __init__(self, limit: float, say: Callable[[str], None] | None = None, *, for_good: bool = True):
         self.limit = limit
         self.say = say
+        self.for_good = for_good
         self._lock = threading.Lock()
         self._began: float | None = None  # time.monotonic() of the first failed request's start
         self._began_wall = 0.0
@@ -73,6 +79,12 @@ class Outage:
     def exhausted(self) -> bool:
         """The outage has lasted the limit: this process has given up on the store."""
         return self._began is not None and self.elapsed() >= self.limit
+
+    def gave_up(self) -> None:
+        """The caller was told that the store is gone; a clock that is not ``for_good`` starts afresh."""
+        if not self.for_good:
+            with self._lock:
+                self._began = None
 
     def remaining(self) -> float:
         return self.limit - self.elapsed()

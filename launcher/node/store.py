@@ -161,13 +161,19 @@ class WorkDir:
         """This client has given up on the store: it was unreachable for the outage limit."""
         return self.outage.exhausted()
 
+    def _given_up(self, what: str, key: str | None, error: str) -> StoreError:
+        """The error for an operation the outage ended; the clock is told, for clocks that start afresh after."""
+        message = f"work dir {self.url}: {what}; the store was {self.outage.describe()}"
+        if self.outage.exhausted():
+            self.outage.gave_up()
+        return StoreError(message, permanent=False, key=key, reason=f"unreachable: {error}")
+
     def _call(self, what: str, action: Callable[[], T], key: str | None = None) -> T:
         """``action`` until it succeeds; permanent errors at once, transient ones retried while the outage lasts
         less than its limit (and ``attempts`` allows)."""
         for attempt in itertools.count(1):
             if self.outage.exhausted():  # given up: no request, so a process that ends does so at once
-                raise StoreError(f"work dir {self.url}: {what} not tried: the store was {self.outage.describe()}",
-                                 permanent=False, key=key, reason=f"unreachable: {self.outage.error}")
+                raise self._given_up(f"{what} not tried", key, self.outage.error)
             with self._lock:
                 self.requests += 1
             request_started = time.monotonic()
@@ -179,9 +185,8 @@ class WorkDir:
                                      permanent=True, key=key, reason=short_reason(exc)) from exc
                 self.outage.failed(request_started, describe_error(exc), self.url)
                 if attempt == self.attempts or self.outage.exhausted():  # transient, but it lasted
-                    raise StoreError(f"work dir {self.url}: {what} failed after {plural(attempt, 'attempt')}; the "
-                                     f"store was {self.outage.describe()}", permanent=False, key=key,
-                                     reason=f"unreachable: {describe_error(exc)}") from exc
+                    raise self._given_up(f"{what} failed after {plural(attempt, 'attempt')}", key,
+                                         describe_error(exc)) from exc
                 with self._lock:
                     self.retries += 1
                 # Full jitter: spreads retries of many nodes hitting the same fault.

@@ -65,7 +65,7 @@ def _reading_outage() -> Outage:
         limit = deadline_from_env()
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    return Outage(limit, say=lambda message: print(f"note: {message}", file=sys.stderr, flush=True))
+    return Outage(limit, say=lambda message: print(f"note: {message}", file=sys.stderr, flush=True), for_good=False)
 
 
 INSTALL_HINT = {"s3": "pip install 'launcher[s3]'", "oci": "pip install 'launcher[oci]'"}
