@@ -50,7 +50,7 @@ def dryrun_text(data: dict[str, Any], out: TextIO = sys.stdout) -> None:
         out.write(f"\n--- request {index}/{len(data['requests'])}: {request['operation']} ({request['target']})\n")
         out.write(to_yaml(request["body"]))
     for node in nodes:
-        out.write(f"\n--- node {node['name']}  image {node['image']}\n")
+        out.write(f"\n--- node {node['name']}" + (f"  image {node['image']}" if node["image"] else "") + "\n")
         out.write(f"command: {json.dumps(node['command'])}\nenv:\n")
         for name, value in node["env"].items():
             out.write(f"  {name}={json.dumps(value, ensure_ascii=False) if _needs_quotes(value) else value}\n")

@@ -186,6 +186,16 @@ def test_bad_spec_exits_2_and_missing_work_dir_for_oci_is_bad_input(tmp_path):
     assert "spec.cluster.spec.workDir is required for the oci backend" in done.stderr
 
 
+@pytest.mark.parametrize("backend", ["local", "slurm"])
+def test_backends_that_run_the_code_directory_plan_no_image(tmp_path, backend):
+    assert run_cli("init", "--framework", "pytorch", "--dir", str(tmp_path)).returncode == 0
+    spec = str(tmp_path / "train.yaml")
+    data = json.loads(run_cli("run", "-f", spec, "--dry-run", "--backend", backend, "--output", "json").stdout)
+    assert data["image_build"] is None and {node["image"] for node in data["nodes"]} == {None}
+    shown = run_cli("run", "-f", spec, "--dry-run", "--backend", backend).stdout
+    assert "docker build" not in shown and "image" not in shown.split("--- node", 1)[1], shown
+
+
 def test_image_build_is_planned_for_the_built_image(tmp_path):
     assert run_cli("init", "--framework", "pytorch", "--dir", str(tmp_path)).returncode == 0
     done = run_cli("run", "-f", str(tmp_path / "train.yaml"), "--dry-run", "--backend", "docker", "--output", "json")

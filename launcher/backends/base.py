@@ -43,18 +43,21 @@ class DryRun:
     plan: Plan
     requests: tuple[Request, ...]
     notes: tuple[str, ...] = field(default=())
+    runs_images: bool = True  # False: the nodes run the code directory (local, Slurm): no image to build or name
 
     def to_dict(self) -> dict[str, Any]:
+        image = self.plan.image if self.runs_images else None
         return {
             "backend": self.backend,
             "run_id": self.plan.run_id,
             "work_dir": self.plan.work_dir,
             "notes": list(self.notes),
-            "image_build": None if self.plan.image is None else {
-                "context": self.plan.image.context, "dockerfile": self.plan.image.dockerfile,
-                "build_args": dict(self.plan.image.build_args), "tag": self.plan.image.tag},
+            "image_build": None if image is None else {
+                "context": image.context, "dockerfile": image.dockerfile, "build_args": dict(image.build_args),
+                "tag": image.tag},
             "requests": [{"operation": r.operation, "target": r.target, "body": r.body} for r in self.requests],
-            "nodes": [{"name": n.name, "image": n.image, "command": list(n.command), "env": dict(n.env)}
+            "nodes": [{"name": n.name, "image": n.image if self.runs_images else None, "command": list(n.command),
+                       "env": dict(n.env)}
                       for n in self.plan.nodes],
             **({"overrides": list(self.plan.spec.overrides), "effective_spec": self.plan.spec.data}
                if self.plan.spec.overrides else {}),
@@ -107,7 +110,7 @@ class Backend(ABC):
 
     def dryrun(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> DryRun:
         plan, notes = self.plan(spec, run_id=run_id, resume_from=resume_from)
-        return DryRun(self.name, plan, tuple(self.requests(plan)), tuple(notes))
+        return DryRun(self.name, plan, tuple(self.requests(plan)), tuple(notes), self.runs_images)
 
     runs_images = True  # whether the nodes run in the image (the local backend runs the code directory)
 
