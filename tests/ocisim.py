@@ -296,7 +296,11 @@ class OciSim:
                 self.send_header("content-length", str(len(raw)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(raw)
+                    try:
+                        self.wfile.write(raw)
+                    except (BrokenPipeError, ConnectionResetError):  # a client may read part of an answer: the
+                        self.close_connection = True  # SDK's DownloadManager reads one part of its first GET
+                        return
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _serve
 

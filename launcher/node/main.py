@@ -302,10 +302,11 @@ class Node:
             self.say(failure)
         return self._finish(outcome.state, outcome.reason, outcome.exit_code, details=outcome.details)
 
-    def _sync_failure(self) -> str | None:
-        """Sync the outputs; None when that worked, else what failed and where the files it could not upload stay."""
+    def _sync_failure(self, background: bool = False) -> str | None:
+        """Sync the outputs (``background``: start a sync, and learn how the one before ended); None when that
+        worked, else what failed and where the files it could not upload stay."""
         try:
-            synced = self.sync.sync()
+            synced = self.sync.sync_in_background() if background else self.sync.sync()
         except StoreError as exc:
             return self._describe_sync_failure(exc)
         if synced:
@@ -364,7 +365,7 @@ class Node:
                     self.status.heartbeat()
                     next_heartbeat = now + HEARTBEAT_SECONDS
                 if now >= next_sync:
-                    failure = self._sync_failure()
+                    failure = self._sync_failure(background=True)
                     if failure:
                         self.say(f"stopping training: {failure}")
                         return _Ended(self._terminate(), store_failure=failure)

@@ -1,7 +1,9 @@
 """Sync the training outputs directory to ``outputs/{node}/`` in the work dir; restore an earlier run's.
 
-Only changed files (size or mtime) are uploaded. Names starting with a dot are treated as
-in-progress temporaries and skipped, so write-then-rename checkpoints are never caught half-written.
+Only changed files (size or mtime) are uploaded, several at once, each streamed in bounded memory
+(launcher.node.transfer). Names starting with a dot are treated as in-progress temporaries and skipped,
+so write-then-rename checkpoints are never caught half-written. The periodic sync runs on a thread of its
+own, so a checkpoint of many gigabytes never holds up supervision.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Sequence
 
 from launcher.node.store import WorkDir
+from launcher.node.transfer import each, raise_first_failure
 
 OUTPUTS_PREFIX = "outputs"
 MANIFEST = ".manifest.json"  # per node: each synced file's size and the time it was written (its mtime)
@@ -25,6 +29,9 @@ class OutputsSync:
         self.directory = Path(directory)
         self._uploaded: dict[str, tuple[int, int]] = {}
         self._restored: set[str] = set()  # came from the work dir: not this node's to list as written
+        self._syncing = threading.Lock()  # one sync at a time: a final sync waits for a periodic one under way
+        self._background: threading.Thread | None = None
+        self._background_ended: int | Exception = 0  # what the last background sync uploaded, or raised
 
     def mark_synced(self, rel: str) -> None:
         """``rel`` (restored from the work dir) is there already: the next sync uploads it only if it changes."""
@@ -54,23 +61,51 @@ class OutputsSync:
         return [rel for rel, _, signature in self._files() if self._uploaded.get(rel) != signature]
 
     def sync(self) -> int:
-        """Upload what changed since the last sync; return how many files were uploaded."""
-        count = 0
-        for rel, path, signature in self._files():
-            if self._uploaded.get(rel) == signature:
-                continue
-            try:
-                self.store.upload(str(path), f"{OUTPUTS_PREFIX}/{self.node}/{rel}")
-            except FileNotFoundError:
-                continue
-            self._uploaded[rel] = signature
-            self._restored.discard(rel)  # written here since: this node's own now
-            count += 1
-        if count:  # written after the files: a reader never finds a file it lists missing
-            manifest = {rel: [size, mtime_ns / 1e9] for rel, (size, mtime_ns) in self._uploaded.items()
-                        if rel not in self._restored}
-            self.store.put(f"{OUTPUTS_PREFIX}/{self.node}/{MANIFEST}", json.dumps(manifest).encode())
-        return count
+        """Upload what changed since the last sync; return how many files were uploaded. A sync under way in the
+        background ends first."""
+        with self._syncing:
+            changed = [(rel, str(path)) for rel, path, signature in self._files()
+                       if self._uploaded.get(rel) != signature]
+            outcomes = each(self._upload, changed)
+            count = 0
+            for (rel, _), outcome in zip(changed, outcomes):
+                if isinstance(outcome, tuple):
+                    self._uploaded[rel] = outcome  # what was read, even if the file changed since it was listed
+                    self._restored.discard(rel)  # written here since: this node's own now
+                    count += 1
+            raise_first_failure(outcomes)
+            if count:  # written after the files: a reader never finds a file it lists missing
+                manifest = {rel: [size, mtime_ns / 1e9] for rel, (size, mtime_ns) in self._uploaded.items()
+                            if rel not in self._restored}
+                self.store.put(f"{OUTPUTS_PREFIX}/{self.node}/{MANIFEST}", json.dumps(manifest).encode())
+            return count
+
+    def _upload(self, item: tuple[str, str]) -> tuple[int, int] | None:
+        """One file: its (size, mtime) as uploaded, or None when it was removed since the listing."""
+        rel, path = item
+        try:
+            return self.store.upload(path, f"{OUTPUTS_PREFIX}/{self.node}/{rel}")
+        except FileNotFoundError:
+            return None
+
+    def sync_in_background(self) -> int:
+        """Start a sync on a thread of its own unless one is under way, so that supervision goes on at once however
+        long the uploads take. Returns how many files the last one (ended since the last call) uploaded; raises
+        what it failed with."""
+        if self._background is not None and self._background.is_alive():
+            return 0
+        ended, self._background_ended = self._background_ended, 0
+        if isinstance(ended, Exception):
+            raise ended
+        self._background = threading.Thread(target=self._sync_keeping_result, name="launcher-outputs-sync", daemon=True)
+        self._background.start()
+        return ended
+
+    def _sync_keeping_result(self) -> None:
+        try:
+            self._background_ended = self.sync()
+        except Exception as exc:  # raised in supervision, at its next call
+            self._background_ended = exc
 
 
 def restore_newest(runs: Sequence[WorkDir], sync: OutputsSync) -> int:
@@ -89,16 +124,25 @@ def restore_newest(runs: Sequence[WorkDir], sync: OutputsSync) -> int:
             for rel, written in written_at.items():
                 if rel not in newest or written > newest[rel][0]:
                     newest[rel] = (written, run, f"{OUTPUTS_PREFIX}/{node}/{rel}")
+    wanted = [(rel, copy) for rel, copy in sorted(newest.items()) if not _as_new_here(sync.directory / rel, copy[0])]
+
+    def download(item: tuple[str, tuple[float, WorkDir, str]]) -> bool:
+        rel, (_, run, key) = item
+        return run.download(key, str(sync.directory / rel))
+
+    outcomes = each(download, wanted)
     count = 0
-    for rel, (written, run, key) in sorted(newest.items(), key=lambda item: item[0]):
-        target = sync.directory / rel
-        if target.exists() and target.stat().st_mtime >= written:
-            continue
-        if run.download(key, str(target)):
-            os.utime(target, (written, written))  # its age is the copy's: newer local writes win later
+    for (rel, (written, _, _)), outcome in zip(wanted, outcomes):
+        if outcome is True:
+            os.utime(sync.directory / rel, (written, written))  # its age is the copy's: newer local writes win later
             sync.mark_synced(rel)
             count += 1
+    raise_first_failure(outcomes)
     return count
+
+
+def _as_new_here(target: Path, written: float) -> bool:
+    return target.exists() and target.stat().st_mtime >= written
 
 
 def _written_times(run: WorkDir) -> dict[str, dict[str, float]]:

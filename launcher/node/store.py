@@ -15,12 +15,14 @@ import random
 import threading
 import time
 import uuid
-from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from launcher.errors import EXIT_BACKEND, LauncherError
 from launcher.node.outage import Outage, deadline_from_env
 from launcher.wording import plural
+
+if TYPE_CHECKING:
+    from launcher.node.transfer import Transfers
 
 T = TypeVar("T")
 
@@ -300,18 +302,30 @@ class WorkDir:
 
         self._call("remove the run's data", attempt)
 
-    def upload(self, local_path: str, key: str) -> None:
+    def upload(self, local_path: str, key: str) -> tuple[int, int]:
+        """Stream a file into the object ``key``, in parts where the store has them; readers see all of it or none.
+
+        Returns the (size, mtime in ns) of the bytes uploaded: the file may have been replaced since."""
         with open(local_path, "rb") as handle:
-            data = handle.read()
-        self.put(key, data)
+            stat = os.fstat(handle.fileno())
+            self._call(f"upload {key}", lambda: self._transfers().upload(handle, self._path(key)), key)
+        return stat.st_size, stat.st_mtime_ns
 
     def download(self, key: str, local_path: str) -> bool:
-        data = self.get(key)
-        if data is None:
-            return False
-        Path(local_path).parent.mkdir(parents=True, exist_ok=True)
-        _local_replace(local_path, data)
-        return True
+        """Stream the object ``key`` into ``local_path``, which appears only once complete; False if absent."""
+        from launcher.node.transfer import download_file
+
+        return self._call(f"download {key}", lambda: download_file(self._transfers(), self._path(key), local_path),
+                          key)
+
+    def _transfers(self) -> Transfers:
+        """Made on first use, once: only nodes that move files start s3transfer's threads or load the OCI SDK."""
+        from launcher.node.transfer import for_store
+
+        with self._lock:
+            if getattr(self, "_file_transfers", None) is None:
+                self._file_transfers = for_store(self.fs, local=self.is_local)
+            return self._file_transfers
 
 
 def _modified(info: dict[str, Any]) -> float:
