@@ -310,7 +310,8 @@ class Node:
         except StoreError as exc:
             return self._describe_sync_failure(exc)
         if synced:
-            self.say(f"synced {synced} output files to {self.run.url}/{outputs_mod.OUTPUTS_PREFIX}/{self.settings.node}/")
+            where = f"{self.run.url}/{outputs_mod.OUTPUTS_PREFIX}/{self.settings.node}/"
+            self.say(f"synced {synced} output files to {where}")
         return None
 
     def _describe_sync_failure(self, exc: StoreError) -> str:
