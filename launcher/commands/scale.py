@@ -15,6 +15,7 @@ from launcher.backends import backend_for
 from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, BadInput
 from launcher.node.control import CONTROL_PREFIX, SCALE, leave_key, request_leave
+from launcher.node.events import scale_key
 from launcher.node.rounds import latest_round
 from launcher.node.store import WorkDir
 from launcher.runs import state
@@ -54,8 +55,11 @@ def scale(ref: str | None, nodes: int) -> int:
         print(f"run {info.run_id} has {plural(nodes, 'node')} already ({', '.join(change.before)}); nothing to do")
         return EXIT_OK
     # The wish first, whole: whatever happens next, the work dir says what was asked for and when.
-    run.put(f"{CONTROL_PREFIX}/{SCALE}", json.dumps({"nodes": nodes, "at": time.time(), "from": change.before,
-                                                     "add": change.add, "remove": change.remove}).encode())
+    at = time.time()
+    wish = json.dumps({"nodes": nodes, "at": at, "from": change.before, "add": change.add,
+                       "remove": change.remove}).encode()
+    run.put(f"{CONTROL_PREFIX}/{SCALE}", wish)
+    run.create(scale_key(at), wish)  # each request kept, for the timeline (scale.json holds only the latest)
     print(f"run {info.run_id}: {len(change.before)} -> {plural(nodes, 'node')}")
     for name in change.remove:
         request_leave(run, name, f"the run was scaled to {plural(nodes, 'node')}")

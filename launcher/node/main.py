@@ -29,6 +29,7 @@ from launcher.node.cause import describe as describe_cause
 from launcher.node.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
 from launcher.node.rounds import Round, Rounds, RunOver, Timing, describe_end
 from launcher.runs.recovery import FAILURE, JOIN, KILLED, LEAVE, PEER, Policy, RoundEnd
+from launcher.node.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
 from launcher.node.exits import signal_name
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, node_address
@@ -94,6 +95,7 @@ class Node:
         self.settings = settings
         self.run = WorkDir(settings.run_url)
         self.shipper = LogShipper(self.run, settings.node, continues=settings.incarnation > 0).start()
+        self.events = EventLog(self.run, settings.node, settings.incarnation)  # started with main(): see main()
         self.run.outage.say = self.say  # once when the work dir stops answering, once when it answers again
         self.status = StatusRecord(self.run, settings.node, settings.run_id)
         self.control = ControlWatch(self.run, settings.node)
@@ -121,6 +123,7 @@ class Node:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
         try:
+            self.events.start()
             return self._main()
         except Stopped as stop:
             return self._finish("cancelled", str(stop), EXIT_CANCELLED)
@@ -155,6 +158,7 @@ class Node:
         me = Registration(settings.node, address, port, self.processes)
         if settings.recovery:
             return self._run_rounds(me)
+        self.events.record(REGISTERED)
         decision = await_decision(self.run, me, settings.nodes, timeout=settings.rendezvous_timeout,
                                   progress=self._progress)
         self._start_round(decision)
@@ -163,6 +167,7 @@ class Node:
 
     def _start_round(self, decision: Decision, number: int | None = None, restarts: int = 0) -> None:
         self.rank = decision.ranks.get(self.settings.node)
+        self.events.record(DECIDED, round=number, rank=self.rank)
         members = plural(len(decision.ranks), "node")
         self.status.update(rank=self.rank, main=decision.main,
                            **({} if number is None else {"round": number, "restarts": restarts,
@@ -182,6 +187,7 @@ class Node:
             if number > 0:
                 me = Registration(me.name, me.address, settings.master_port or free_port(me.address), me.processes)
             self.status.update(state="waiting", round=number)
+            self.events.record(REGISTERED, round=number)
             try:
                 current = rounds.join(number, me, timeout=settings.rendezvous_timeout, control=self.control)
             except RunOver as over:
@@ -255,6 +261,7 @@ class Node:
         if not sources:
             return
         count = outputs_mod.restore_newest(sources, self.sync)
+        self.events.record(RESTORED, round=number, files=count)
         if count == 0 and number == 0 and settings.resume_from:
             raise NothingToResume(f"nothing to resume: {settings.resume_from}/{outputs_mod.OUTPUTS_PREFIX}/ holds "
                                   "no outputs")
@@ -279,13 +286,15 @@ class Node:
                                                             self.stacks_dir, number),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_die_with_parent())
-        rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer).start()
+        self.events.record(TORCHRUN, round=number)
+        rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, self.events.first_line(number)).start()
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
         reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)
         ended = self._supervise(rank_logs, rounds, number, list(decision.ranks))
         reader.join(timeout=10)
         rank_logs.close()
+        self.events.training_ended(number, ended.code, rank_logs.last_line_at)
         try:
             return self._outcome(decision, ended, rank_logs, recovering=rounds is not None)
         finally:  # not before: it holds the ranks' error files (torch's @record)
@@ -296,6 +305,7 @@ class Node:
         if outcome.mark_failed:  # before the outputs sync, which may take long: peers stop and learn why at once
             self._mark_failed(outcome.state, outcome.reason, outcome.exit_code, outcome.details)
         failure = self._sync_failure()
+        self.events.record(SYNCED, failed=bool(failure) or None)
         if failure and outcome.state in ("succeeded", LEFT):  # what it trained for did not reach the work dir
             return self._finish("failed", failure, EXIT_STORE, mark_failed=True)
         if failure:  # it ends as it would have; this comes on top
@@ -570,6 +580,7 @@ class Node:
                      f"{self.settings.outputs_dir}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''}")
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
         self.shipper.flush()  # every log line is in the work dir before the final status says so
+        self.events.close()  # and every event
         refused = self.status.update(state=state, reason=reason, exit_code=exit_code, **(details or {}))
         if refused is None:
             return exit_code

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 from launcher.node.logship import LogShipper
 
@@ -45,14 +45,18 @@ class _Pipe:
 
 
 class RankLogs:
-    def __init__(self, log_dir: str, shipper: LogShipper, console: IO[bytes]):
+    def __init__(self, log_dir: str, shipper: LogShipper, console: IO[bytes],
+                 first_line: Callable[[int, float], None] | None = None):
+        """``first_line(rank, time)`` is called, on the reading thread, when a global rank's first output arrives."""
         self.log_dir = Path(log_dir)
+        self.first_line = first_line
         self.shipper = shipper
         self.console = console
         # Per local rank, its last lines, stdout and stderr as they were interleaved.
         self.tails: dict[int, collections.deque[str]] = collections.defaultdict(
             lambda: collections.deque(maxlen=TAIL_LINES))
         self.last_output: dict[int, float] = {}  # local rank -> monotonic time of its last output
+        self.last_line_at: dict[int, float] = {}  # global rank -> Unix time of its last output (for the timeline)
         self._ranks: dict[int, int] = {}  # local rank -> global rank, of the latest attempt
         self._opened: set[Path] = set()
         self._selector = selectors.DefaultSelector()
@@ -115,6 +119,10 @@ class RankLogs:
         lines = (pipe.pending + block).split(b"\n")
         pipe.pending = lines.pop()
         self.last_output[pipe.local_rank] = time.monotonic()
+        now = time.time()
+        if pipe.rank not in self.last_line_at and self.first_line is not None:
+            self.first_line(pipe.rank, now)
+        self.last_line_at[pipe.rank] = now
         if lines:
             self._ship(pipe, lines)
         if b"\r" in pipe.pending:
