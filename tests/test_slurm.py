@@ -369,6 +369,51 @@ def test_a_node_marked_down_while_training_is_replaced_and_the_run_goes_on(tmp_p
         slurm.resume(down)
 
 
+RESUMING_JOB = """\
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+path = os.path.join(os.environ["LAUNCHER_CHECKPOINT_DIR"], "step.pt")
+start = torch.load(path)["step"] + 1 if os.path.exists(path) else 0
+retried = os.environ["LAUNCHER_RUN_ID"].endswith(".2")
+print(f"rank {dist.get_rank()} starts at step {start} in {os.environ['LAUNCHER_RUN_ID']}", flush=True)
+for step in range(start, start + 10 if retried else 10**6):  # the first attempt trains until its time runs out
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if dist.get_rank() == 0 and step % 5 == 0:
+        torch.save({"step": step}, path)
+        print(f"saved step {step}", flush=True)
+    time.sleep(0.2)
+print(f"rank {dist.get_rank()} done", flush=True)
+"""
+
+
+def test_a_job_past_its_time_limit_is_retried_whole_as_a_new_job_that_resumes_from_the_checkpoint(
+        tmp_path, launcher_home, slurm):
+    spec = on_slurm(write_spec(tmp_path, RESUMING_JOB, nodes=2, extra_cluster={"recovery": {"maxRestarts": 1}}),
+                    time=1)  # one minute: Slurm ends the job (TIMEOUT), a common end of long trainings on clusters
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = run_id_from(started.stdout)
+    first = job_of(launcher_home, run_id)
+    watcher = Watcher(run_id, dict(os.environ))
+    watcher.wait_for(rf"attempt 1 ended \(node t-main: Slurm ended job {first}: .*TIMEOUT.*\); attempt 2 started, "
+                     r"restart 1 of 1", timeout=180)
+    code, output = watcher.finish(timeout=180)
+    assert code == 0, output
+    saved = max(int(step) for step in re.findall(rf"saved step (\d+)", output))
+    resumed = re.findall(rf"rank (\d) starts at step (\d+) in {run_id}\.2", output)
+    assert sorted(rank for rank, _ in resumed) == ["0", "1"] and all(int(step) > 0 for _, step in resumed), output
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "succeeded" and [attempt["number"] for attempt in status["attempts"]] == [2], status
+    record = json.loads((tmp_path / "wd" / run_id / "attempts" / "2.json").read_text())
+    (second,) = set(record["units"].values())
+    assert second != first and record["cause"]["kind"] == "lost" and saved >= 10
+    shown = slurm.command("scontrol", "-o", "show", "job", second).stdout
+    assert f"JobName=launcher:{run_id}.2 " in shown and "NumNodes=2" in shown and "JobState=COMPLETED" in shown, shown
+    assert json.loads(run_cli("status", second, "--json").stdout)["run_id"] == run_id  # RUN: any job of the run
+    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+
+
 @pytest.mark.parametrize("cluster, infra, requested", [
     ({"processesPerNode": "auto"}, {}, None),  # each node counts what it sees
     ({}, {}, None),  # no processesPerNode: one CPU process, no GPUs asked for

@@ -28,6 +28,9 @@ from launcher.node.main import EXIT_BAD_ENV
 # a one-node job's node, set in sbatch's environment: {"name", "incarnation" (a lost node started again),
 # "groups" (a node `launcher scale` adds, with the groups grown to hold it)}
 ONE_NODE = "LAUNCHER_SLURM_NODE"
+# a retried run's job (and its one-node jobs), set in sbatch's environment: [attempt number, restarts used so far];
+# the task moves the node into the attempt's namespace (launcher.runs.attempts.node_env)
+ATTEMPT = "LAUNCHER_SLURM_ATTEMPT"
 SHARED_FS_HINT = ("launcher runs your code and meets the other nodes there, so it must be on a filesystem every "
                   "node mounts at the same path as the machine you ran launcher on (your home or a shared "
                   "/scratch on most clusters); or use an s3:// or oci:// work dir")
@@ -45,6 +48,19 @@ def one_node(env: os._Environ) -> str | None:
     if node.get("groups"):
         env["LAUNCHER_NODE_GROUPS"] = json.dumps(node["groups"])
     return node["name"]
+
+
+def in_attempt(env: os._Environ) -> None:
+    """A retried run's task: its node's run id, namespace, what it restores and the restarts left, as the client's
+    attempt (:data:`ATTEMPT`) says; the run as submitted otherwise."""
+    from launcher.runs.attempts import node_env
+
+    given = env.pop(ATTEMPT, None)
+    if not given:
+        return
+    number, restarts = json.loads(given)
+    max_restarts = int(json.loads(env.get("LAUNCHER_RECOVERY") or "{}").get("maxRestarts", 0))
+    env.update(node_env(dict(env), number, restarts, max_restarts))
 
 
 def node_name(env: dict[str, str]) -> str:
@@ -110,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print(said, file=sys.stderr)
         _record_refusal(env, name, said)
         return EXIT_BAD_ENV
+    in_attempt(env)
     os.chdir(env.get("LAUNCHER_CODE_DIR") or os.getcwd())
     if not env.get("LAUNCHER_NODE_ADDRESS") and not any(env.get(v) for v in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")):
         address = slurm_address(env.get("SLURMD_NODENAME", ""))

@@ -120,6 +120,7 @@ def follow(info: RunInfo, attempt: Attempt | None) -> None:
     from launcher.runs import state
 
     now = None if attempt is None else {"number": attempt.number, "url": attempt.url, "units": attempt.units,
+                                        "at": attempt.at,
                                         "cause": attempt.cause, "restarts": attempt.restarts}
     if info.backend_ids.get(CURRENT) == now:
         return

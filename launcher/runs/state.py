@@ -110,6 +110,12 @@ def all_runs() -> list[RunInfo]:
     return sorted(found, key=lambda info: info.created_at, reverse=True)
 
 
+def _slurm_jobs(ids: dict[str, Any]) -> set[str]:
+    """The Slurm jobs a run's record names."""
+    attempt = ids.get("attempt") or {}
+    return {ids.get("job_id"), *(ids.get("added") or {}).values(), *(attempt.get("units") or {}).values()} - {None}
+
+
 def resolve_run(ref: str | None) -> RunInfo:
     """A run id (or a unique prefix), a path to an info.yaml (or its directory), a run's work-dir URL or
     directory (``s3://bucket/prefix/RUN``, ``./work_dir/RUN``), an OCI job or job run OCID, a Slurm job id,
@@ -134,8 +140,8 @@ def resolve_run(ref: str | None) -> RunInfo:
                   or ref in (info.backend_ids.get("job_runs") or {}).values()]
         if owners:
             return owners[0]
-    if ref.isdigit():  # a Slurm job id
-        owners = [info for info in all_runs() if info.backend_ids.get("job_id") == ref]
+    if ref.isdigit():  # a Slurm job id: the run's own, a node's `launcher scale` added, its current attempt's
+        owners = [info for info in all_runs() if ref in _slurm_jobs(info.backend_ids)]
         if owners:
             return owners[0]
     matches = [info for info in all_runs() if info.run_id.startswith(ref)]

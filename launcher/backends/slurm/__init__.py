@@ -14,11 +14,12 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
-from launcher.backends.slurm.batch import (batch_script, gpus_per_node, infra_of, job_name, one_node_argv,
-                                           own_option_clashes, python_of, sbatch_argv)
+from launcher.backends.slurm.batch import (attempt_argv, batch_script, gpus_per_node, infra_of, job_name,
+                                           one_node_argv, own_option_clashes, python_of, sbatch_argv)
 from launcher.backends.slurm.engine import Job
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
@@ -33,8 +34,22 @@ from launcher.workdirs import resolve_local, scheme
 STOP_POLL_SECONDS = 0.5  # while cancel waits for the nodes to end on their own: the controller has no events
 JOB_ANSWER_SECONDS = 1.0  # how long one answer of the controller serves (the fates and the engine's line of a look)
 INCARNATIONS = "slurm/incarnations"  # lost nodes and the one-node jobs that started them again (runs.incarnations)
-GAVE_UP_FILE = "slurm-gave-up.txt"
-BATCH_SCRIPT_FILE = "slurm-batch.sh"  # in the run's state dir: the batch script as submitted (mode 0600)  # in the run's state dir: why launcher cancelled a job that waited too long
+GAVE_UP_FILE = "slurm-{job}.gave-up.txt"  # in the run's state dir: why launcher cancelled a job that waited too long
+BATCH_SCRIPT_FILE = "slurm-batch.sh"  # in the run's state dir: the batch script as submitted (mode 0600)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One attempt of a run as Slurm runs it (attempt 1: the run as submitted)."""
+
+    jobs: dict[str, str]  # node -> the job it first ran in, in this attempt
+    store: WorkDir | None  # the attempt's namespace in the work dir, for a recovering run
+    started_at: float  # when the attempt was submitted
+
+    @property
+    def batch(self) -> str:
+        """The attempt's batch job: the main node's, which is never added on its own."""
+        return next(iter(self.jobs.values()))
 
 
 class SlurmBackend(Backend):
@@ -72,7 +87,7 @@ class SlurmBackend(Backend):
         if gpus and infra_of(spec).gpus_per_node is None:
             note = (f"processesPerNode: {gpus} asks Slurm for {gpus} GPUs per node (--gpus-per-node={gpus}); on a "
                     "cluster without GPUs set infrastructure.spec.gpusPerNode: 0")
-            return DryRun(request.backend, request.plan, request.requests, request.notes + (note,))
+            return replace(request, notes=request.notes + (note,))
         return request
 
     def requests(self, plan: Plan) -> list[Request]:
@@ -108,15 +123,28 @@ class SlurmBackend(Backend):
                 "pending_limit": dryrun.plan.spec.cluster.rendezvous_timeout,
                 **({"recovery": json.loads(recovery)} if recovery else {})}
 
-    def _units(self, info: RunInfo) -> tuple[dict[str, str], Any, dict[str, list[Incarnation]]]:
-        """node -> the job its newest incarnation runs in; the work dir of a recovering run (else None) and the
-        incarnations it records."""
+    def scope(self, info: RunInfo, units: dict[str, str] | None = None, store: WorkDir | None = None,
+              started_at: float | None = None) -> Scope:
+        """An attempt of the run (``units``: its nodes' jobs; ``store``: its namespace); by default the one the run
+        is in now, as this command last saw it."""
+        from launcher.runs import attempts
+
+        first = self._first_jobs(info)
+        now = info.backend_ids.get(attempts.CURRENT)
+        if units is None and now is not None:
+            units, started_at = now.get("units") or {}, now.get("at")
+        if store is None and info.backend_ids.get("recovery"):
+            store = WorkDir(attempts.current_url(info))
+        # a node `launcher scale` added in this attempt has a job of its own outside the attempt's record
+        jobs = {name: (units or {}).get(name, first[name]) for name in info.nodes}
+        return Scope(jobs, store, float(started_at or info.backend_ids.get("submitted_at") or 0.0))
+
+    def _current_jobs(self, scope: Scope) -> tuple[dict[str, str], dict[str, list[Incarnation]]]:
+        """node -> the job its newest incarnation in the attempt runs in, and the incarnations the attempt records."""
         from launcher.runs import incarnations
 
-        ids = info.backend_ids
-        run = WorkDir(info.run_url) if ids.get("recovery") else None
-        records = incarnations.read(run, INCARNATIONS) if run is not None else {}
-        return incarnations.current(self._first_jobs(info), records), run, records
+        records = incarnations.read(scope.store, INCARNATIONS) if scope.store is not None else {}
+        return incarnations.current(scope.jobs, records), records
 
     @staticmethod
     def _first_jobs(info: RunInfo) -> dict[str, str]:
@@ -139,32 +167,42 @@ class SlurmBackend(Backend):
         return jobs
 
     def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
+        if not info.backend_ids.get("job_id"):
+            return {}
+        if info.backend_ids.get("recovery"):  # moved on, as a whole, from an attempt that cannot go on
+            from launcher.backends.slurm.attempts import SlurmJobs
+            from launcher.runs import retries
+
+            return retries.fates(SlurmJobs(self), info)
+        return self.attempt_fates(info, self.scope(info)) or {}
+
+    def attempt_fates(self, info: RunInfo, scope: Scope) -> dict[str, NodeFate] | None:
+        """Each node's fate in one attempt of the run (None: the controller cannot be asked now); in a recovering
+        run, a lost node is started again as a one-node job of the attempt (:mod:`launcher.runs.incarnations`)."""
         from launcher.runs import incarnations
 
-        ids = info.backend_ids
-        if not ids.get("job_id"):
-            return {}
-        units, run, records = self._units(info)
+        units, records = self._current_jobs(scope)
         jobs = self._jobs(set(units.values()))
         if jobs is None:
-            return {}
-        first = jobs.get(ids["job_id"])
-        if first is not None and first.waiting and self._waited_too_long(info, first):
+            return None
+        batch = jobs.get(scope.batch)
+        if batch is not None and batch.waiting and self._waited_too_long(info, scope, batch):
             return {}  # cancelled just now; the next look sees the job's end
-        if first is not None and first.ended_by_slurm:
-            self._record_engine_end(info, first)
-        fates = {name: self._fate(info, name, units[name], jobs.get(units[name]), run) for name in info.nodes}
-        if first is not None and first.active and not first.waiting:
-            fates.update(self._removed(info, first, fates, units))
-        if run is None:
-            return fates
-        return incarnations.recover(run, INCARNATIONS, ids["recovery"], units, fates, records, engine="Slurm",
-                                    unit="Slurm job", start=self._starter(info))
+        if batch is not None and batch.ended_by_slurm:
+            self._record_engine_end(info, scope, batch)
+        fates = {name: self._fate(info, scope, name, units[name], jobs.get(units[name])) for name in info.nodes}
+        if batch is not None and batch.active and not batch.waiting:
+            fates.update(self._removed(info, batch, fates, units))
+        if scope.store is None or (batch is not None and batch.ended_by_slurm):
+            return fates  # Slurm ends the attempt's job: none of its nodes is started in it again
+        return incarnations.recover(scope.store, INCARNATIONS, info.backend_ids["recovery"], units, fates, records,
+                                    engine="Slurm", unit="Slurm job", start=self._starter(info))
 
-    def _fate(self, info: RunInfo, name: str, job_id: str, job: Job | None, run: WorkDir | None) -> NodeFate:
+    def _fate(self, info: RunInfo, scope: Scope, name: str, job_id: str, job: Job | None) -> NodeFate:
         """The node as its job shows it; in a recovering run, lost once the parent of its bootstrap said so."""
-        first = job_id == info.backend_ids["job_id"]
-        console = str(info.state_dir / "nodes" / f"slurm-{job_id}.node{info.nodes.index(name) if first else 0}.out")
+        batch = job_id == scope.batch
+        console = str(info.state_dir / "nodes" / f"slurm-{job_id}.node{info.nodes.index(name) if batch else 0}.out")
+        run = scope.store
         if job is None:
             return NodeFate(False, None, f"Slurm job {job_id} is gone from the controller, and the node recorded "
                             "no end", console)
@@ -174,7 +212,7 @@ class SlurmBackend(Backend):
             if status.get("state") == "lost" and float(status.get("ended_at") or 0) >= job.start_time > 0:
                 return NodeFate(False, status.get("exit_code"), status.get("reason"), console, status.get("ended_at"))
             return NodeFate(True, console_log=console)
-        gave_up = self._gave_up(info) if first else None
+        gave_up = self._gave_up(info, job_id) if batch else None
         return NodeFate(False, None if gave_up else job.exit_code, gave_up or f"Slurm: job {job_id} {job.describe()}",
                         console, job.end_time)
 
@@ -208,30 +246,35 @@ class SlurmBackend(Backend):
                 if host not in now and units[name] == job.job_id and fates[name].running}
 
     def _starter(self, info: RunInfo) -> Any:
-        """How a lost node is started again: a one-node job of the run's batch script, as the controller holds it."""
+        """How a lost node is started again: a one-node job of the run's batch script, in the run's attempt."""
         def start(claim: Incarnation) -> tuple[str | None, str | None]:
             try:
-                return self._one_node_job(info, claim.node, f"{claim.node}.{claim.number}",
-                                          {"name": claim.node, "incarnation": claim.number}), None
+                return self.one_node_job(info, claim.node, f"{claim.node}.{claim.number}",
+                                         {"name": claim.node, "incarnation": claim.number}), None
             except BackendError as exc:
                 return None, str(exc)
 
         return start
 
-    def _one_node_job(self, info: RunInfo, name: str, label: str, node: dict[str, Any]) -> str:
-        """Submit the run's batch script (as the controller holds it) as a one-node job for node ``node``."""
+    def one_node_job(self, info: RunInfo, name: str, label: str, node: dict[str, Any],
+                     attempt: tuple[int, int] | None = None) -> str:
+        """Submit the run's batch script as a one-node job for node ``node``, in ``attempt`` (number, restarts used)
+        or the one the run is in now."""
         from launcher.backends.slurm import engine
-        from launcher.node.slurm import ONE_NODE
+        from launcher.node.slurm import ATTEMPT, ONE_NODE
+        from launcher.runs.attempts import CURRENT
 
-        script = self._batch_script(info)
-        job_id, overcome = engine.submitted(one_node_argv(info.backend_ids["sbatch"], label), script,
-                                            env={ONE_NODE: json.dumps(node)})
+        now = info.backend_ids.get(CURRENT)
+        attempt = attempt or ((now["number"], now["restarts"]) if now else None)
+        env = {ONE_NODE: json.dumps(node), **({ATTEMPT: json.dumps(attempt)} if attempt else {})}
+        job_id, overcome = engine.submitted(one_node_argv(attempt_argv(info, attempt), label),
+                                            self.batch_script_of(info), env=env)
         if overcome:
             print(f"note: {overcome}", file=sys.stderr)
         return job_id
 
     @staticmethod
-    def _batch_script(info: RunInfo) -> str:
+    def batch_script_of(info: RunInfo) -> str:
         """The run's batch script: as submitted from this machine, else as the controller still holds it."""
         from launcher.backends.slurm import engine
 
@@ -245,9 +288,10 @@ class SlurmBackend(Backend):
 
         if not info.backend_ids.get("job_id"):
             return "the run has no Slurm job to add nodes beside"
-        job = engine.jobs([info.backend_ids["job_id"]]).get(info.backend_ids["job_id"])
+        batch = self.scope(info).batch
+        job = engine.jobs([batch]).get(batch)
         if job is None or not job.active or job.waiting:
-            return f"the run's Slurm job {info.backend_ids['job_id']} is not running ({job.describe() if job else 'gone'})"
+            return f"the run's Slurm job {batch} is not running ({job.describe() if job else 'gone'})"
         return None
 
     def scale(self, info: RunInfo, add: Sequence[str]) -> list[str]:
@@ -260,33 +304,33 @@ class SlurmBackend(Backend):
         added = info.backend_ids.setdefault("added", {})
         for name in add:
             groups = node_names.including([tuple(group) for group in info.backend_ids["groups"]], name)
-            added[name] = self._one_node_job(info, name, name, {"name": name, "groups": groups})
+            added[name] = self.one_node_job(info, name, name, {"name": name, "groups": groups})
         return list(add)
 
-    def _waited_too_long(self, info: RunInfo, job: Job) -> bool:
+    def _waited_too_long(self, info: RunInfo, scope: Scope, job: Job) -> bool:
         """A job that has waited past the run's limit is cancelled, its reason recorded as the run's failure."""
         from launcher.backends.slurm import engine
         from launcher.node.control import record_failure
 
-        waited = time.time() - float(info.backend_ids.get("submitted_at") or time.time())
+        waited = time.time() - (scope.started_at or time.time())
         limit = float(info.backend_ids.get("pending_limit") or 0)
         if not limit or waited < limit:
             return False
         reason = (f"Slurm job {job.job_id} waited {waited:.0f}s for its nodes, longer than rendezvousTimeout "
                   f"({limit:g}s): {job.describe()}")
-        record_failure(WorkDir(info.run_url), info.nodes[0], None, None, reason)
-        atomic_write(info.state_dir / GAVE_UP_FILE, reason.encode())
+        record_failure(scope.store or WorkDir(info.run_url), info.nodes[0], None, None, reason)
+        atomic_write(info.state_dir / GAVE_UP_FILE.format(job=job.job_id), reason.encode())
         engine.cancel([job.job_id])
         return True
 
     @staticmethod
-    def _record_engine_end(info: RunInfo, job: Job) -> None:
+    def _record_engine_end(info: RunInfo, scope: Scope, job: Job) -> None:
         """Slurm ended the job itself (its time limit, a node's failure, preemption): the nodes saw a SIGTERM, or
         a peer vanish, and said so; the run's cause is Slurm's reason, recorded once in the work dir for every
         reader, dated when Slurm ended the job so that it comes before what followed from it."""
         from launcher.node.control import CONTROL_PREFIX, cancel_requested
 
-        run = WorkDir(info.run_url)
+        run = scope.store or WorkDir(info.run_url)
         key = f"{CONTROL_PREFIX}/failed.slurm-job-{job.job_id}.json"
         if cancel_requested(run) or run.get_record(key):
             return
@@ -296,23 +340,27 @@ class SlurmBackend(Backend):
                                job.end_time) if at]
         run.put(key, json.dumps({"node": info.nodes[0], "rank": None, "exit_code": None,
                                  "reason": f"Slurm ended job {job.job_id}: {job.why_ended()}",
+                                 # the machines were taken, not the training failed: a whole-run retry resumes it
+                                 "kind": "lost" if job.took_machines else "failure",
                                  "at": min(ended) if ended else time.time(), "reported_by": "slurm"}).encode())
 
-    def _gave_up(self, info: RunInfo) -> str | None:
+    @staticmethod
+    def _gave_up(info: RunInfo, job_id: str) -> str | None:
         """Why launcher cancelled the job that waited too long, where it did (the job then reads CANCELLED)."""
         try:
-            return (info.state_dir / GAVE_UP_FILE).read_text()
+            return (info.state_dir / GAVE_UP_FILE.format(job=job_id)).read_text()
         except OSError:
             return None
 
     def engine_state(self, info: RunInfo) -> str | None:
         if not info.backend_ids.get("job_id"):
             return None
-        units, _, _ = self._units(info)
+        scope = self.scope(info)
+        units, _ = self._current_jobs(scope)
         jobs = self._jobs(set(units.values()))
         if jobs is None:
             return None
-        first = info.backend_ids["job_id"]
+        first = scope.batch
         lines = [self._job_line(first, jobs.get(first))]
         added = info.backend_ids.get("added") or {}
         for name, job_id in units.items():
@@ -326,10 +374,19 @@ class SlurmBackend(Backend):
         return f"Slurm job {job_id}: {job.describe()}" if job else f"Slurm job {job_id}: no longer known to the controller"
 
     def _every_job(self, info: RunInfo) -> list[str]:
-        from launcher.runs import incarnations
+        """Every job of the run: of each attempt, its own and those that started its lost nodes again."""
+        from launcher.runs import attempts, incarnations
 
-        units, _, records = self._units(info)
-        return list(dict.fromkeys(incarnations.every_unit(self._first_jobs(info), records)))
+        recovering = bool(info.backend_ids.get("recovery"))
+        scopes = [self.scope(info, self._first_jobs(info), WorkDir(info.run_url) if recovering else None)]
+        if recovering:
+            scopes += [self.scope(info, attempt.units, WorkDir(attempt.url))
+                       for attempt in attempts.read(WorkDir(info.run_url)) if attempt.units]
+        found: list[str] = []
+        for scope in scopes:
+            _, records = self._current_jobs(scope)
+            found += incarnations.every_unit(scope.jobs, records)
+        return list(dict.fromkeys(found))
 
     def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
         """The run has ended: a job still waiting for nodes (a replacement that came too late) has nothing left

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from launcher.plan import NodeConfig, Plan
 from launcher.spec.model import SlurmInfra, Spec
+
+if TYPE_CHECKING:
+    from launcher.runs.state import RunInfo
 
 JOB_NAME_PREFIX = "launcher:"  # the job's name is this and the run id: how a run's jobs are found
 NODE_ENTRY = "launcher.node.slurm"
@@ -126,6 +129,16 @@ def one_node_argv(argv: Sequence[str], label: str) -> list[str]:
     environment, which the script leaves as it is (:data:`launcher.node.slurm.ONE_NODE`)."""
     return ["--nodes=1" if token.startswith("--nodes=") else
             f"{token}:{label}" if token.startswith("--job-name=") else token for token in argv]
+
+
+def attempt_argv(info: RunInfo, attempt: tuple[int, int] | None) -> list[str]:
+    """The run's ``sbatch`` command line for ``attempt`` (number, restarts; None: the first), whose jobs are named
+    after the attempt (``launcher:RUN.2``) so that each job of the run has a name of its own to be found by."""
+    argv = list(info.backend_ids["sbatch"])
+    if attempt is None:
+        return argv
+    return [f"--job-name={job_name(f'{info.run_id}.{attempt[0]}')}" if token.startswith("--job-name=") else token
+            for token in argv]
 
 
 def own_option_clashes(spec: Spec) -> list[str]:

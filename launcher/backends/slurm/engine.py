@@ -20,7 +20,11 @@ ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
 # states whose exit code is the batch script's own (the others end it with a signal, or never start it)
 EXIT_CODE_STATES = {"COMPLETED", "FAILED", "OUT_OF_MEMORY"}
 ENDED_BY_SLURM = {"TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL"}
-ENDING_REASONS = {"TimeLimit", "NodeDown", "OutOfMemory", "DeadLine"}  # why a COMPLETING job is being ended
+# why a COMPLETING job is being ended by Slurm; JobLaunchFailure: its batch script's node failed (Slurm 22.05 then
+# ends it FAILED, not NODE_FAIL)
+ENDING_REASONS = {"TimeLimit", "NodeDown", "OutOfMemory", "DeadLine", "JobLaunchFailure"}
+TAKEN_STATES = {"TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"}  # Slurm took the machines; the training did no wrong
+TAKEN_REASONS = {"TimeLimit", "NodeDown", "JobLaunchFailure"}
 WAITING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 
 
@@ -53,8 +57,15 @@ class Job:
     def ended_by_slurm(self) -> bool:
         """Slurm ends (or has ended) the job itself: its time limit, a node's failure, preemption, memory. Its
         state may say so a moment after the nodes got their SIGTERM: a job past its time limit is one already."""
-        return self.state in ENDED_BY_SLURM or (self.state == "COMPLETING" and self.reason in ENDING_REASONS) \
-            or self.past_time_limit
+        return self.state in ENDED_BY_SLURM or (self.state in ("COMPLETING", "FAILED") and
+                                                self.reason in ENDING_REASONS) or self.past_time_limit
+
+    @property
+    def took_machines(self) -> bool:
+        """Slurm ended the job for its own reasons (time limit, a node's failure, preemption), not for the job's
+        use of them (memory, a deadline): starting it again may well succeed."""
+        return self.state in TAKEN_STATES or self.reason in TAKEN_REASONS or \
+            (self.past_time_limit and self.state != "OUT_OF_MEMORY")
 
     def why_ended(self) -> str:
         if self.past_time_limit and self.state != "TIMEOUT":
