@@ -168,7 +168,7 @@ class WorkDir:
         message = f"work dir {self.url}: {what}; the store was {self.outage.describe()}"
         if self.outage.exhausted():
             self.outage.gave_up()
-        return StoreError(message, permanent=False, key=key, reason=f"unreachable: {error}")
+        return StoreError(message, permanent=False, key=key, reason=f"unreachable ({error})")
 
     def _call(self, what: str, action: Callable[[], T], key: str | None = None) -> T:
         """``action`` until it succeeds; permanent errors at once, transient ones retried while the outage lasts
