@@ -1,6 +1,6 @@
-"""Slurm runs that recover, retried as a whole (:mod:`launcher.runs.retries`) when an attempt cannot go on: Slurm
-ended its job (time limit, a node's failure, preemption), or its nodes failed in a way the policy retries and
-their rounds could not carry on. Each attempt is one batch job of the run's own batch script, named after the
+"""Slurm runs that recover, retried as a whole (:mod:`launcher.runs.retries`) when Slurm ended the attempt's job
+itself (time limit, a node's failure, preemption): a lost node within a running job is started again alone
+(:mod:`launcher.runs.incarnations`), and rounds that gave up are not retried. Each attempt is one batch job of the run's own batch script, named after the
 attempt (``launcher:RUN.2``), told its attempt through sbatch's environment (the script stays as submitted), plus
 a one-node job for each node `launcher scale` had added. The next attempt is submitted only once every job of
 the one before has left the controller's queue, so the two never wait for or hold nodes at once.
