@@ -142,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=_data)
 
+    p = verbs.add_parser("timeline", help="when each phase of each node happened (seconds from submit); "
+                         "-o run.html or run.svg draws it")
+    _run_arg(p)
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the picture: FILE.html (a page with the "
+                   "table) or FILE.svg; self-contained, opens offline")
+    p.add_argument("--json", action="store_true", help="every event, machine-readable")
+    p.set_defaults(handler=_timeline)
+
     p = verbs.add_parser("list", help="recent runs")
     p.add_argument("-n", type=_positive_int, default=20, help="how many (default 20)")
     p.set_defaults(handler=_list)
@@ -253,6 +261,12 @@ def _data(args: argparse.Namespace) -> int:
     from launcher.commands.data import data_progress
 
     return data_progress(args.run, as_json=args.json)
+
+
+def _timeline(args: argparse.Namespace) -> int:
+    from launcher.commands.timeline import timeline
+
+    return timeline(args.run, output=args.output, as_json=args.json)
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -1,0 +1,82 @@
+"""``launcher timeline RUN [-o FILE] [--json]``: where a run's time went, phase by phase and node by node."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from launcher.commands.inspect import _table
+from launcher.errors import EXIT_OK, BackendError, BadInput
+from launcher.node import events as node_events
+from launcher.runs import timeline as tl
+from launcher.runs.state import resolve_run
+
+PICTURES = (".html", ".htm", ".svg")
+RUN_COLUMN = "run"
+
+
+def timeline(run_ref: str | None, *, output: str | None, as_json: bool) -> int:
+    if output and Path(output).suffix.lower() not in PICTURES:
+        raise BadInput(f"-o {output}: the picture is written as .html or .svg (by the file's name)")
+    info = resolve_run(run_ref)
+    found = tl.read_timeline(info)
+    if as_json:
+        json.dump(found.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    if output:
+        _write(found, Path(output))
+    if not as_json:
+        if not found.events:
+            print(f"run {info.run_id}: nothing recorded yet")
+            return EXIT_OK
+        print(f"run {info.run_id}: seconds from submit ({len(found.nodes)} nodes)")
+        print(_table(table_rows(found)))
+        if output:
+            print(f"picture: {output}")
+    return EXIT_OK
+
+
+def _write(found: tl.Timeline, path: Path) -> None:
+    from launcher import timeline_svg
+
+    text = timeline_svg.svg(found) if path.suffix.lower() == ".svg" else timeline_svg.html(found, table_rows(found))
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise BackendError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def row_label(found: tl.Timeline, event: tl.Event) -> str:
+    """``torchrun started (round 1)``: a row of the table; a replacement's process start says which it is."""
+    if event.phase == tl.ROUND_DECIDED:
+        return "ranks decided" if event.round is None else f"round {event.round} decided"
+    if event.phase in (tl.ROUND_ENDED, tl.TRAINING_AGAIN) and event.node is None:
+        return f"{event.label} (round {event.round})" if event.phase == tl.TRAINING_AGAIN else \
+            f"round {event.round} ended"
+    label = event.label
+    if event.phase == node_events.STARTED and event.incarnation:
+        label += f" (replacement {event.incarnation})"
+    if event.phase == tl.ATTEMPT:
+        label += f" ({event.attempt})"
+    if found.recovering and event.round is not None and event.node is not None and event.phase != tl.RECORDED:
+        label += f" (round {event.round})"
+    return label
+
+
+def table_rows(found: tl.Timeline) -> list[list[str]]:
+    """PHASE, run, then one column per node: seconds from submit. A node's first training line is that of its
+    earliest rank, its last line that of its latest; other repeated phases in one cell show the first."""
+    columns = [RUN_COLUMN, *found.nodes]
+    cells: dict[str, dict[str, float]] = {}
+    for event in found.events:
+        row = cells.setdefault(row_label(found, event), {})
+        column = event.node or RUN_COLUMN
+        keep_latest = event.phase == node_events.LAST_LINE
+        if column not in row or keep_latest:
+            row[column] = event.at
+    ordered = sorted(cells.items(), key=lambda item: min(item[1].values()))
+    rows = [["PHASE", *columns]]
+    for label, row in ordered:
+        rows.append([label, *(f"{found.seconds(row[column]):.2f}" if column in row else "" for column in columns)])
+    return rows

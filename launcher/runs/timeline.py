@@ -1,0 +1,369 @@
+"""A run's timeline: every phase of every node with its time, from the work dir's records.
+
+The nodes record the phases no other record times (:mod:`launcher.node.events`); the others come from
+the records that already hold their time: ``run.json`` (submitted), the status records (the final state,
+and for a node that died without reporting, its death as its supervisor saw it), the round end records
+(deaths seen, rounds ended, nodes joining or leaving), the control markers (cancel, leave requests) and
+the scale requests. :func:`derive` is pure, so that what each record means is tested without a run;
+:func:`read_timeline` gathers the records, of every attempt of a run retried whole.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from launcher.node import events as node_events
+from launcher.node.control import CANCEL, CONTROL_PREFIX, LIMIT
+from launcher.node.rounds import ROUNDS_PREFIX
+from launcher.node.status import FINAL_STATES, STATUS_PREFIX
+from launcher.node.store import WorkDir
+from launcher.runs.recovery import JOIN, LEAVE, LOST
+
+# Phases derived from records (the nodes' own are launcher.node.events').
+SUBMITTED = "submitted"  # the client wrote run.json, just before it started the nodes
+ATTEMPT = "attempt"  # a run retried whole: attempt n was started
+ROUND_DECIDED = "round-decided"  # the first node learned the decision of a round
+ROUND_ENDED = "round-ended"  # a round ended (run-level: the first end record; node-level: that node's)
+DEATH = "death"  # a node died without reporting, as its supervisor (or a reader) saw it
+JOINS = "joins"  # a node (a replacement, one `launcher scale` added) asked to join the next round
+LEAVES = "leaves"  # a node left on request (`launcher scale`)
+TRAINING_AGAIN = "training-again"  # the first training line of a round after the first
+SCALE = "scale"  # `launcher scale` asked for a size
+CANCELLED = "cancel"  # `launcher cancel` (or an interrupt) asked every node to stop
+LIMIT_REACHED = "limit"  # the run reached its maxRuntime
+RECORDED = "recorded"  # the node's final status was written
+
+LABELS = {
+    SUBMITTED: "submitted", ATTEMPT: "attempt started", ROUND_DECIDED: "decided", ROUND_ENDED: "round ended",
+    DEATH: "death seen", JOINS: "asks to join", LEAVES: "leaves", TRAINING_AGAIN: "training again",
+    SCALE: "scale requested", CANCELLED: "cancel requested", LIMIT_REACHED: "maxRuntime reached",
+    RECORDED: "final status recorded",
+    node_events.STARTED: "process started", node_events.REGISTERED: "registered",
+    node_events.DECIDED: "rank learned", node_events.RESTORED: "outputs restored",
+    node_events.TORCHRUN: "torchrun started", node_events.FIRST_LINE: "first training line",
+    node_events.LAST_LINE: "last training line", node_events.EXITED: "torchrun exited",
+    node_events.SYNCED: "outputs synced",
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # Unix time, by the clock of the machine that recorded it
+    phase: str
+    node: str | None = None  # None: the run's own
+    round: int | None = None  # recovering runs: the membership round
+    rank: int | None = None  # a training process's global rank (first and last lines)
+    incarnation: int = 0  # 0: the node as first started; n: its n-th replacement
+    attempt: int = 1  # runs retried whole: the attempt
+    detail: str = ""
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.phase, self.phase)
+
+
+@dataclass
+class Records:
+    """What one attempt's namespace holds that has a time: the raw records, as read."""
+
+    run: dict[str, Any] = field(default_factory=dict)  # run.json
+    batches: list[dict[str, Any]] = field(default_factory=list)  # events/{node}/*.json
+    scales: list[dict[str, Any]] = field(default_factory=list)  # events/scale.*.json
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rounds: list[int] = field(default_factory=list)  # decided rounds
+    ends: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # round -> its end records
+    leaves: list[dict[str, Any]] = field(default_factory=list)  # control/leave.*.json
+    cancel: dict[str, Any] | None = None
+    limit: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Timeline:
+    run_id: str
+    submitted: float  # the time every other is measured from
+    nodes: list[str]  # the lanes, in rank order
+    events: list[Event]  # by time
+    read_at: float  # when the records were read: where the lanes of nodes still running end
+    recovering: bool = False  # trained in membership rounds
+
+    def seconds(self, at: float) -> float:
+        return at - self.submitted
+
+    def node_events(self, node: str) -> list[Event]:
+        return [event for event in self.events if event.node == node]
+
+    def ended(self, node: str) -> bool:
+        return any(event.phase == RECORDED for event in self.node_events(node))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "submitted_at": self.submitted, "nodes": self.nodes,
+                "recovering": self.recovering,
+                "events": [{**asdict(event), "seconds": round(self.seconds(event.at), 6)} for event in self.events]}
+
+
+def derive(records: Records, attempt: int = 1) -> list[Event]:
+    """Every event the records of one attempt hold, by time."""
+    found: list[Event] = []
+    submitted = records.run.get("created_at")
+    if isinstance(submitted, (int, float)):
+        found.append(Event(float(submitted), SUBMITTED, attempt=attempt))
+    for batch in records.batches:
+        found += _node_events(batch, attempt)
+    starts = _starts(found)
+    for number, ends in sorted(records.ends.items()):
+        found += _round_ends(number, ends, starts, attempt)
+    for name, status in sorted(records.statuses.items()):
+        found += _final(name, status, starts, attempt)
+    for leave in records.leaves:
+        if _time(leave.get("at")) is not None and leave.get("node"):
+            found.append(Event(float(leave["at"]), LEAVES, str(leave["node"]), attempt=attempt,
+                               incarnation=_incarnation(starts, str(leave["node"]), float(leave["at"])),
+                               detail=f"asked to leave: {leave.get('reason', '')}"))
+    for wish in records.scales:
+        if _time(wish.get("at")) is not None:
+            found.append(Event(float(wish["at"]), SCALE, attempt=attempt, detail=_scale_words(wish)))
+    for marker, phase in ((records.cancel, CANCELLED), (records.limit, LIMIT_REACHED)):
+        if marker and _time(marker.get("at")) is not None:
+            found.append(Event(float(marker["at"]), phase, attempt=attempt, detail=str(marker.get("reason") or "")))
+    found += _rounds(found, records.rounds, attempt)
+    return sorted(found, key=lambda event: (event.at, event.node or ""))
+
+
+def _time(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _node_events(batch: dict[str, Any], attempt: int) -> list[Event]:
+    node, incarnation = batch.get("node"), batch.get("incarnation")
+    if not isinstance(node, str) or not isinstance(incarnation, int):
+        return []
+    found = []
+    for event in batch.get("events") or []:
+        at = _time(event.get("at")) if isinstance(event, dict) else None
+        if at is None or event.get("phase") not in node_events.NODE_PHASES:
+            continue
+        found.append(Event(at, event["phase"], node, _int(event.get("round")), _int(event.get("rank")), incarnation,
+                           attempt, _node_detail(event)))
+    return found
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _node_detail(event: dict[str, Any]) -> str:
+    phase = event["phase"]
+    if phase == node_events.EXITED:
+        return f"exit status {event.get('code')}"
+    if phase == node_events.RESTORED:
+        return f"{event.get('files', 0)} files"
+    if phase == node_events.SYNCED and event.get("failed"):
+        return "failed"
+    if phase == node_events.DECIDED and event.get("rank") is not None:
+        return f"node rank {event['rank']}"
+    if phase == node_events.STARTED and event.get("pid"):
+        return f"pid {event['pid']}"
+    return ""
+
+
+def _starts(found: list[Event]) -> dict[str, list[tuple[float, int]]]:
+    """Per node, when each of its incarnations started."""
+    starts: dict[str, list[tuple[float, int]]] = {}
+    for event in found:
+        if event.phase == node_events.STARTED and event.node:
+            starts.setdefault(event.node, []).append((event.at, event.incarnation))
+    return {node: sorted(times) for node, times in starts.items()}
+
+
+def _incarnation(starts: dict[str, list[tuple[float, int]]], node: str, at: float) -> int:
+    """The incarnation of ``node`` that was there at ``at``: the latest started before it."""
+    before = [incarnation for started, incarnation in starts.get(node, []) if started <= at]
+    return before[-1] if before else 0
+
+
+def _round_ends(number: int, ends: list[dict[str, Any]], starts: dict[str, list[tuple[float, int]]],
+                attempt: int) -> list[Event]:
+    found = []
+    for end in ends:
+        at, node = _time(end.get("at")), end.get("node")
+        if at is None or not isinstance(node, str):
+            continue
+        kind = end.get("kind")
+        phase = DEATH if kind == LOST else JOINS if kind == JOIN else LEAVES if kind == LEAVE else ROUND_ENDED
+        found.append(Event(at, phase, node, number, incarnation=_incarnation(starts, node, at), attempt=attempt,
+                           detail=f"{kind}: {end.get('reason', '')}"))
+    causes = [event for event in found if event.phase in (DEATH, ROUND_ENDED, JOINS, LEAVES)]
+    if causes:
+        first = min(causes, key=lambda event: event.at)
+        found.append(Event(first.at, ROUND_ENDED, None, number, attempt=attempt,
+                           detail=f"node {first.node}: {first.detail}"))
+    return found
+
+
+def _final(name: str, status: dict[str, Any], starts: dict[str, list[tuple[float, int]]],
+           attempt: int) -> list[Event]:
+    """A final status: when it was recorded; for a node that did not record it itself, also when it died."""
+    state = status.get("state")
+    written = _time(status.get("updated_at"))
+    if state not in FINAL_STATES or written is None:
+        return []
+    found = [Event(written, RECORDED, name, _int(status.get("round")), incarnation=_incarnation(starts, name, written),
+                   attempt=attempt, detail=f"{state}" + (f" (exit status {status['exit_code']})"
+                                                          if status.get("exit_code") is not None else ""))]
+    ended = _time(status.get("ended_at"))
+    if status.get("reported_by") and ended is not None and state != "lost":  # lost: its round end says so
+        found.append(Event(ended, DEATH, name, _int(status.get("round")), incarnation=_incarnation(starts, name, ended),
+                           attempt=attempt, detail=f"{status.get('reason', '')} (seen by {status['reported_by']})"))
+    return found
+
+
+def _scale_words(wish: dict[str, Any]) -> str:
+    changes = [f"+{name}" for name in wish.get("add") or []] + [f"-{name}" for name in wish.get("remove") or []]
+    return f"{len(wish.get('from') or [])} -> {wish.get('nodes')} nodes" + (f" ({' '.join(changes)})" if changes else "")
+
+
+def _rounds(found: list[Event], decided: Iterable[int], attempt: int) -> list[Event]:
+    """The run's own marks of each round: decided (the first node to learn it), training again (rounds after the
+    first: the first training line, and how long after the round before ended)."""
+    marks = []
+    learned = [event for event in found if event.phase == node_events.DECIDED]
+    for number in sorted(set(decided) | {event.round for event in learned if event.round is not None}):
+        of_round = [event for event in learned if event.round == number]
+        if of_round:
+            marks.append(Event(min(event.at for event in of_round), ROUND_DECIDED, None, number, attempt=attempt))
+        first_lines = [event.at for event in found if event.phase == node_events.FIRST_LINE and event.round == number]
+        ended = [event.at for event in found if event.phase == ROUND_ENDED and event.node is None
+                 and event.round == number - 1]
+        if number > 0 and first_lines:
+            after = f"{min(first_lines) - ended[0]:.2f} s after round {number - 1} ended" if ended else ""
+            marks.append(Event(min(first_lines), TRAINING_AGAIN, None, number, attempt=attempt, detail=after))
+    if not decided and learned:  # a static run: one decision, no rounds
+        marks.append(Event(min(event.at for event in learned), ROUND_DECIDED, None, None, attempt=attempt))
+    return marks
+
+
+def read_records(store: WorkDir) -> Records:
+    """The records of one namespace that :func:`derive` reads; damaged ones are left out (a help, never a failure)."""
+    from launcher.runs.preflight import RUN_RECORD
+
+    records = Records(run=store.get_record(RUN_RECORD))
+    event_keys = store.find(node_events.EVENTS_PREFIX)
+    round_keys = store.find(ROUNDS_PREFIX)
+    control = store.list(CONTROL_PREFIX)
+    status_keys = [f"{STATUS_PREFIX}/{name}" for name in store.list(STATUS_PREFIX) if name.endswith(".json")]
+    end_keys = [key for key in round_keys if "/end/" in key and key.endswith(".json")]
+    keys = ([f"{node_events.EVENTS_PREFIX}/{key}" for key in event_keys if key.endswith(".json")] + status_keys
+            + [f"{ROUNDS_PREFIX}/{key}" for key in end_keys]
+            + [f"{CONTROL_PREFIX}/{name}" for name in control if name.startswith("leave.") or name in (CANCEL, LIMIT)])
+    with ThreadPoolExecutor(max_workers=8) as pool:  # an object store answers many small GETs faster side by side
+        bodies = dict(zip(keys, pool.map(store.get_record, keys)))
+    for key in keys:
+        body = bodies[key]
+        if not body:
+            continue
+        if key.startswith(f"{node_events.EVENTS_PREFIX}/{node_events.SCALE_PREFIX}"):
+            records.scales.append(body)
+        elif key.startswith(f"{node_events.EVENTS_PREFIX}/"):
+            records.batches.append(body)
+        elif key.startswith(f"{STATUS_PREFIX}/"):
+            records.statuses[key[len(STATUS_PREFIX) + 1:-len(".json")]] = body
+        elif key.startswith(f"{ROUNDS_PREFIX}/"):
+            records.ends.setdefault(int(key.split("/")[1]), []).append(body)
+        elif key == f"{CONTROL_PREFIX}/{CANCEL}":
+            records.cancel = body
+        elif key == f"{CONTROL_PREFIX}/{LIMIT}":
+            records.limit = body
+        else:
+            records.leaves.append(body)
+    records.rounds = sorted(int(key[:-5]) for key in round_keys if "/" not in key and key[:-5].isdigit())
+    return records
+
+
+def read_timeline(info: Any) -> Timeline:
+    """The timeline of the run ``info`` (a :class:`launcher.runs.state.RunInfo`), over all its attempts."""
+    from launcher.runs.attempts import read as read_attempts
+    from launcher.runs.preflight import reading_work_dir
+
+    top = reading_work_dir(info.run_url)
+    found = derive(read_records(top))
+    for attempt in read_attempts(top):
+        if attempt.running:
+            found.append(Event(attempt.at, ATTEMPT, attempt=attempt.number,
+                               detail=f"after {attempt.cause.get('node')}: {attempt.cause.get('reason')}"))
+            found += [event for event in derive(read_records(reading_work_dir(attempt.url)), attempt.number)
+                      if event.phase != SUBMITTED]
+    found.sort(key=lambda event: (event.at, event.node or ""))
+    submitted = next((event.at for event in found if event.phase == SUBMITTED), info.created_at)
+    named = [event.node for event in found if event.node]
+    nodes = list(dict.fromkeys([*info.nodes, *named]))
+    recovering = any(event.round is not None and event.phase == ROUND_DECIDED for event in found)
+    return Timeline(info.run_id, float(submitted), nodes, found, time.time(), recovering)
+
+
+# What a node does between two of its events: the state each event begins.
+STARTING = "starting"  # process started -> registered: the interpreter, launcher's imports, finding its address
+WAITING = "waiting"  # registered -> rank learned: the rendezvous (or a membership round's decision)
+PREPARING = "preparing"  # rank learned -> torchrun started: restoring outputs (checkpoints)
+LAUNCHING = "launching"  # torchrun started -> first training line: torchrun, interpreters, import torch, the script
+TRAINING = "training"  # first training line -> last training line (the node's earliest and latest rank)
+STOPPING = "stopping"  # last training line -> torchrun exited: processes ending, torchrun's exit barrier
+SYNCING = "syncing"  # torchrun exited -> outputs synced (between rounds: -> registered in the next)
+RECORDING = "recording"  # outputs synced -> final status recorded: the last log chunk, the status
+STATES = (STARTING, WAITING, PREPARING, LAUNCHING, TRAINING, STOPPING, SYNCING, RECORDING)
+_BEGINS = {node_events.STARTED: STARTING, node_events.REGISTERED: WAITING, node_events.DECIDED: PREPARING,
+           node_events.RESTORED: PREPARING, node_events.TORCHRUN: LAUNCHING, node_events.FIRST_LINE: TRAINING,
+           node_events.LAST_LINE: STOPPING, node_events.EXITED: SYNCING, node_events.SYNCED: RECORDING}
+_ENDS = (DEATH, RECORDED)
+
+
+@dataclass(frozen=True)
+class Segment:
+    node: str
+    incarnation: int
+    state: str
+    start: float
+    end: float
+
+
+def segments(timeline: Timeline) -> list[Segment]:
+    """Each node's states over time, one stretch per state, from its events: an incarnation's lane ends at its
+    death or final status, else at its next incarnation's start, else (still running) when the records were read."""
+    found = []
+    for node in timeline.nodes:
+        mine = timeline.node_events(node)
+        incarnations = sorted({event.incarnation for event in mine})
+        for incarnation in incarnations:
+            chain = _transitions([event for event in mine if event.incarnation == incarnation])
+            later = [event.at for event in mine if event.phase == node_events.STARTED and event.incarnation > incarnation]
+            open_end = min(later) if later else timeline.read_at
+            for (start, state), (end, _) in zip(chain, chain[1:] + [(open_end, None)]):
+                if state is not None and end > start:
+                    found.append(Segment(node, incarnation, state, start, end))
+    return found
+
+
+def _transitions(events: list[Event]) -> list[tuple[float, str | None]]:
+    """(time, state begun) for one incarnation's events; None once it ended. A round's first training line is that
+    of its earliest rank, its last line that of its latest."""
+    first_lines: dict[int | None, float] = {}
+    last_lines: dict[int | None, float] = {}
+    for event in events:
+        if event.phase == node_events.FIRST_LINE:
+            first_lines[event.round] = min(event.at, first_lines.get(event.round, event.at))
+        elif event.phase == node_events.LAST_LINE:
+            last_lines[event.round] = max(event.at, last_lines.get(event.round, event.at))
+    chain: list[tuple[float, str | None]] = []
+    for event in events:
+        if event.phase == node_events.FIRST_LINE and event.at != first_lines[event.round]:
+            continue
+        if event.phase == node_events.LAST_LINE and event.at != last_lines[event.round]:
+            continue
+        if event.phase in _ENDS:
+            chain.append((event.at, None))
+            break
+        if event.phase in _BEGINS:
+            chain.append((event.at, _BEGINS[event.phase]))
+    return chain

@@ -1,0 +1,221 @@
+"""A run's timeline as a picture: an SVG drawn by hand, alone or in a self-contained HTML page.
+
+Nodes are lanes over time (seconds from submit); each stretch of a lane is coloured by what the node was
+doing (:data:`launcher.runs.timeline.STATES`), and marks show each rank's first training line, deaths,
+replacements, nodes joining and leaving, rounds decided and ended, training starting again, scale
+requests and cancels. Nothing is fetched: no script, font or style sheet from elsewhere, so the file opens
+offline in any browser. Every drawn element carries what it stands for as data attributes (``data-node``,
+``data-state`` or ``data-phase``, ``data-t`` seconds), and the root its scale (``data-x0``, ``data-px-per-s``),
+so tools and tests can find each one.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+from typing import Iterable
+
+from launcher.node import events as node_events
+from launcher.runs import timeline as tl
+
+PLOT_WIDTH = 1000
+LEFT = 180  # room for the lane labels
+TOP = 56  # title and time axis
+LANE = 26
+GAP = 8
+STATE_COLOURS = {
+    tl.STARTING: "#a0a0a0", tl.WAITING: "#f1c232", tl.PREPARING: "#b07aa1", tl.LAUNCHING: "#4e79a7",
+    tl.TRAINING: "#59a14f", tl.STOPPING: "#9c755f", tl.SYNCING: "#76b7b2", tl.RECORDING: "#d4a6c8",
+}
+STATE_WORDS = {
+    tl.STARTING: "starting (process to registration)", tl.WAITING: "waiting for the decision",
+    tl.PREPARING: "restoring outputs", tl.LAUNCHING: "torchrun to first line",
+    tl.TRAINING: "training (first to last line)", tl.STOPPING: "last line to torchrun's exit",
+    tl.SYNCING: "syncing outputs", tl.RECORDING: "recording the end",
+}
+# marks: phase -> (colour, shape), drawn in the lane of their node, or across every lane for the run's own
+MARKS = {
+    node_events.FIRST_LINE: ("#1b5e20", "tick"), tl.DEATH: ("#d62728", "cross"),
+    node_events.STARTED: ("#222222", "triangle"),  # drawn for replacements (incarnation > 0) only
+    tl.JOINS: ("#1f77b4", "diamond"), tl.LEAVES: ("#ff7f0e", "diamond"), tl.RECORDED: ("#222222", "dot"),
+    tl.ROUND_DECIDED: ("#555555", "line"), tl.ROUND_ENDED: ("#d62728", "line"),
+    tl.TRAINING_AGAIN: ("#2ca02c", "line"), tl.SCALE: ("#ff7f0e", "line"), tl.CANCELLED: ("#000000", "line"),
+    tl.LIMIT_REACHED: ("#000000", "line"), tl.ATTEMPT: ("#9467bd", "line"), tl.SUBMITTED: ("#000000", "line"),
+}
+MARK_WORDS = {
+    node_events.FIRST_LINE: "a rank's first training line", tl.DEATH: "death seen",
+    node_events.STARTED: "replacement started", tl.JOINS: "asks to join", tl.LEAVES: "leaves on request",
+    tl.RECORDED: "final status recorded", tl.ROUND_DECIDED: "round decided", tl.ROUND_ENDED: "round ended",
+    tl.TRAINING_AGAIN: "training again", tl.SCALE: "scale requested", tl.CANCELLED: "cancel requested",
+    tl.LIMIT_REACHED: "maxRuntime reached", tl.ATTEMPT: "attempt started", tl.SUBMITTED: "submitted",
+}
+
+
+def nice_span(seconds: float) -> float:
+    """The axis's length: ``seconds`` rounded up to 1, 2, 2.5 or 5 times a power of ten."""
+    if seconds <= 0:
+        return 1.0
+    power = 10 ** math.floor(math.log10(seconds))
+    return next(step * power for step in (1, 2, 2.5, 5, 10) if step * power >= seconds)
+
+
+class _Canvas:
+    def __init__(self, timeline: tl.Timeline, spans: list[tl.Segment]):
+        self.timeline = timeline
+        ends = [timeline.seconds(s.end) for s in spans] + [timeline.seconds(e.at) for e in timeline.events]
+        self.span = nice_span(max(ends, default=1.0))
+        self.scale = PLOT_WIDTH / self.span
+        self.lanes = ["run", *timeline.nodes]
+        self.states = [state for state in tl.STATES if any(span.state == state for span in spans)]
+        self.marks = [phase for phase in MARKS if any(_drawn(event) and event.phase == phase
+                                                        for event in timeline.events)]
+        self.height = TOP + len(self.lanes) * (LANE + GAP) + 40 + 18 * ((len(self.states) + len(self.marks) + 2) // 3)
+        self.parts: list[str] = []
+
+    def x(self, at: float) -> float:
+        return LEFT + self.timeline.seconds(at) * self.scale
+
+    def lane_top(self, node: str | None) -> float:
+        return TOP + self.lanes.index(node or "run") * (LANE + GAP)
+
+    def add(self, text: str) -> None:
+        self.parts.append(text)
+
+
+def _drawn(event: tl.Event) -> bool:
+    """Whether the event has a mark: a process start only for replacements."""
+    return event.phase in MARKS and (event.phase != node_events.STARTED or event.incarnation > 0)
+
+
+def svg(timeline: tl.Timeline, *, standalone: bool = True) -> str:
+    """The picture; ``standalone``: with the XML namespace, as an .svg file needs."""
+    spans = tl.segments(timeline)
+    canvas = _Canvas(timeline, spans)
+    width = LEFT + PLOT_WIDTH + 30
+    namespace = ' xmlns="http://www.w3.org/2000/svg"' if standalone else ""
+    canvas.add(f'<svg{namespace} width="{width}" height="{canvas.height:.0f}" viewBox="0 0 {width} '
+               f'{canvas.height:.0f}" font-family="sans-serif" font-size="12" data-x0="{LEFT}" '
+               f'data-px-per-s="{canvas.scale:.6f}" data-submitted="{timeline.submitted:.6f}">')
+    canvas.add('<rect x="0" y="0" width="100%" height="100%" fill="#ffffff"/>')
+    canvas.add(f'<text x="{LEFT}" y="18" font-size="14" font-weight="bold">{escape(timeline.run_id)}: seconds from '
+               'submit</text>')
+    _axis(canvas)
+    _lanes(canvas)
+    for span in spans:
+        _segment(canvas, span)
+    for event in timeline.events:
+        _mark(canvas, event)
+    _legend(canvas)
+    canvas.add("</svg>")
+    return "\n".join(canvas.parts) + "\n"
+
+
+def _axis(canvas: _Canvas) -> None:
+    bottom = canvas.lane_top(canvas.lanes[-1]) + LANE
+    step = nice_span(canvas.span / 10)
+    ticks = int(round(canvas.span / step))
+    for index in range(ticks + 1):
+        seconds = index * step
+        x = LEFT + seconds * canvas.scale
+        canvas.add(f'<line x1="{x:.2f}" y1="{TOP - 6}" x2="{x:.2f}" y2="{bottom:.2f}" stroke="#e6e6e6"/>')
+        canvas.add(f'<text x="{x:.2f}" y="{TOP - 10}" text-anchor="middle" fill="#444">{seconds:g}</text>')
+
+
+def _lanes(canvas: _Canvas) -> None:
+    for node in canvas.lanes:
+        top = canvas.lane_top(None if node == "run" else node)
+        label = "run" if node == "run" else node
+        canvas.add(f'<g data-lane="{escape(label)}" data-top="{top:.2f}" data-bottom="{top + LANE:.2f}">'
+                   f'<rect x="{LEFT}" y="{top:.2f}" width="{PLOT_WIDTH}" height="{LANE}" fill="#f7f7f7"/>'
+                   f'<text x="{LEFT - 8}" y="{top + LANE / 2 + 4:.2f}" text-anchor="end">{escape(label)}</text></g>')
+
+
+def _segment(canvas: _Canvas, span: tl.Segment) -> None:
+    top = canvas.lane_top(span.node) + 3
+    x, end = canvas.x(span.start), canvas.x(span.end)
+    start_s, end_s = canvas.timeline.seconds(span.start), canvas.timeline.seconds(span.end)
+    replacement = f" (replacement {span.incarnation})" if span.incarnation else ""
+    canvas.add(f'<rect class="state" x="{x:.3f}" y="{top:.2f}" width="{end - x:.3f}" height="{LANE - 6}" '
+               f'fill="{STATE_COLOURS[span.state]}" data-node="{escape(span.node)}" data-state="{span.state}" '
+               f'data-t="{start_s:.6f}" data-end="{end_s:.6f}"><title>{escape(span.node)}{replacement}: '
+               f'{STATE_WORDS[span.state]}, {start_s:.2f}-{end_s:.2f} s</title></rect>')
+
+
+def _mark(canvas: _Canvas, event: tl.Event) -> None:
+    if not _drawn(event):
+        return
+    colour, shape = MARKS[event.phase]
+    x = canvas.x(event.at)
+    seconds = canvas.timeline.seconds(event.at)
+    where = f"round {event.round}: " if event.round is not None and canvas.timeline.recovering else ""
+    rank = f" (rank {event.rank})" if event.rank is not None else ""
+    title = escape(f"{event.node or 'run'}: {where}{event.label}{rank} at {seconds:.2f} s"
+                   + (f"; {event.detail}" if event.detail else ""))
+    data = (f'data-phase="{event.phase}" data-node="{escape(event.node or "")}" data-t="{seconds:.6f}"'
+            + (f' data-round="{event.round}"' if event.round is not None else "")
+            + (f' data-rank="{event.rank}"' if event.rank is not None else ""))
+    if shape == "line":  # the run's own: across every lane
+        top, bottom = TOP - 4, canvas.lane_top(canvas.lanes[-1]) + LANE
+        dash = ' stroke-dasharray="4 3"' if event.phase in (tl.ROUND_DECIDED, tl.ROUND_ENDED) else ""
+        canvas.add(f'<g class="mark" {data}><line x1="{x:.3f}" y1="{top}" x2="{x:.3f}" y2="{bottom:.2f}" '
+                   f'stroke="{colour}" stroke-width="1.5"{dash}/>{_run_label(canvas, event, x)}'
+                   f'<title>{title}</title></g>')
+        return
+    middle = canvas.lane_top(event.node) + LANE / 2
+    canvas.add(f'<g class="mark" {data}>{_shape(shape, x, middle, colour)}<title>{title}</title></g>')
+
+
+def _run_label(canvas: _Canvas, event: tl.Event, x: float) -> str:
+    """A short word in the run's lane: r1 for round 1, ✕ for round ends, and so on."""
+    words = {tl.ROUND_DECIDED: f"r{event.round}" if event.round is not None else "ranks", tl.SCALE: "scale",
+             tl.CANCELLED: "cancel", tl.TRAINING_AGAIN: "again", tl.ATTEMPT: f"attempt {event.attempt}",
+             tl.LIMIT_REACHED: "limit"}
+    word = words.get(event.phase)
+    if not word:
+        return ""
+    return f'<text x="{x + 2:.2f}" y="{canvas.lane_top(None) + LANE / 2 + 4:.2f}" font-size="10">{escape(word)}</text>'
+
+
+def _shape(shape: str, x: float, y: float, colour: str) -> str:
+    if shape == "tick":
+        return f'<line x1="{x:.3f}" y1="{y - 11:.2f}" x2="{x:.3f}" y2="{y + 11:.2f}" stroke="{colour}" stroke-width="2"/>'
+    if shape == "cross":
+        return (f'<path d="M{x - 6:.2f},{y - 6:.2f} L{x + 6:.2f},{y + 6:.2f} M{x - 6:.2f},{y + 6:.2f} '
+                f'L{x + 6:.2f},{y - 6:.2f}" stroke="{colour}" stroke-width="3"/>')
+    if shape == "triangle":
+        return f'<path d="M{x:.2f},{y - 7:.2f} L{x + 7:.2f},{y + 6:.2f} L{x - 7:.2f},{y + 6:.2f} Z" fill="{colour}"/>'
+    if shape == "diamond":
+        return f'<path d="M{x:.2f},{y - 7:.2f} L{x + 7:.2f},{y:.2f} L{x:.2f},{y + 7:.2f} L{x - 7:.2f},{y:.2f} Z" ' \
+               f'fill="{colour}"/>'
+    return f'<circle cx="{x:.3f}" cy="{y:.2f}" r="4" fill="{colour}"/>'
+
+
+def _legend(canvas: _Canvas) -> None:
+    top = canvas.lane_top(canvas.lanes[-1]) + LANE + 28
+    entries: list[tuple[str, str]] = [
+        (f'<rect width="14" height="10" y="-9" fill="{STATE_COLOURS[state]}"/>', STATE_WORDS[state])
+        for state in canvas.states]
+    for phase in canvas.marks:
+        colour, shape = MARKS[phase]
+        drawn = (f'<line x1="7" y1="-12" x2="7" y2="3" stroke="{colour}" stroke-width="1.5"/>' if shape == "line"
+                 else _shape(shape, 7, -4, colour))
+        entries.append((drawn, MARK_WORDS[phase]))
+    for index, (drawn, words) in enumerate(entries):
+        x, y = LEFT + (index % 3) * 330, top + (index // 3) * 18
+        canvas.add(f'<g class="legend" transform="translate({x},{y:.2f})">{drawn}'
+                   f'<text x="20" y="0">{escape(words)}</text></g>')
+
+
+def html(timeline: tl.Timeline, table: Iterable[list[str]]) -> str:
+    """A self-contained page: the picture, then the table of phases (the rows of ``launcher timeline``)."""
+    rows = list(table)
+    head = "".join(f"<th>{escape(cell)}</th>" for cell in rows[0]) if rows else ""
+    body = "".join("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows[1:])
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>timeline of {escape(timeline.run_id)}</title><style>"
+            "body{font-family:sans-serif;margin:16px;color:#222}"
+            "table{border-collapse:collapse;margin-top:16px;font-size:13px}"
+            "td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}td:first-child,th:first-child"
+            "{text-align:left}</style></head><body>\n"
+            f"{svg(timeline, standalone=False)}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n"
+            "</body></html>\n")

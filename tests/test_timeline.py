@@ -1,0 +1,319 @@
+"""The run timeline (issue 29, item 1): events recorded by the nodes, derived from the run's records, shown as a
+table and drawn as a picture that a real headless browser renders with lanes and marks where the records say."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from clirun import run_id_from
+from cluster import write_spec
+from conftest import require, run_cli
+from launcher.commands.timeline import table_rows
+from launcher.node import events as node_events
+from launcher.node.events import EventLog
+from launcher.node.store import WorkDir
+from launcher.runs import timeline as tl
+
+T0 = 1_000_000.0  # submitted
+
+
+def batch(node: str, incarnation: int, *events: tuple) -> dict:
+    """An events batch as a node writes it: (phase, seconds after submit, fields)."""
+    return {"node": node, "incarnation": incarnation,
+            "events": [{"phase": phase, "at": T0 + seconds, **(fields[0] if fields else {})}
+                       for phase, seconds, *fields in events]}
+
+
+def happy_node(node: str, offset: float, ranks: tuple[int, ...], round_number: int | None = None) -> dict:
+    r = {} if round_number is None else {"round": round_number}
+    return batch(node, 0, ("started", 0.2 + offset, {"pid": 7}), ("registered", 0.5 + offset, r),
+                 ("decided", 0.6 + offset, {**r, "rank": ranks[0]}), ("torchrun", 0.7 + offset, {"round": 0}),
+                 *[("first-line", 3.0 + offset + rank / 10, {"round": 0, "rank": rank}) for rank in ranks],
+                 *[("last-line", 5.0 + offset + rank / 10, {"round": 0, "rank": rank}) for rank in ranks],
+                 ("exited", 6.0 + offset, {"round": 0, "code": 0}), ("synced", 6.1 + offset))
+
+
+def static_records() -> tl.Records:
+    return tl.Records(
+        run={"created_at": T0},
+        batches=[happy_node("m", 0.0, (0, 1)), happy_node("w-0", 0.05, (2, 3))],
+        statuses={"m": {"state": "succeeded", "exit_code": 0, "ended_at": T0 + 6.2, "updated_at": T0 + 6.2},
+                  "w-0": {"state": "succeeded", "exit_code": 0, "ended_at": T0 + 6.3, "updated_at": T0 + 6.3}})
+
+
+def timeline_of(records: tl.Records, nodes: list[str], read_at: float = T0 + 100) -> tl.Timeline:
+    found = tl.derive(records)
+    recovering = any(event.phase == tl.ROUND_DECIDED and event.round is not None for event in found)
+    return tl.Timeline("r", T0, nodes, found, read_at, recovering)
+
+
+def test_a_static_run_has_every_phase_of_every_node_in_order():
+    found = timeline_of(static_records(), ["m", "w-0"])
+    for node in ("m", "w-0"):
+        phases = [event.phase for event in found.node_events(node)]
+        assert phases == ["started", "registered", "decided", "torchrun", "first-line", "first-line", "last-line",
+                          "last-line", "exited", "synced", tl.RECORDED]
+    run_level = [(event.phase, round(found.seconds(event.at), 3)) for event in found.events if event.node is None]
+    assert run_level == [(tl.SUBMITTED, 0.0), (tl.ROUND_DECIDED, 0.6)]  # the first node to learn the decision
+    assert not found.recovering
+    assert [event.rank for event in found.node_events("w-0") if event.phase == "first-line"] == [2, 3]
+
+
+def test_the_table_shows_seconds_from_submit_with_each_nodes_earliest_first_and_latest_last_line():
+    rows = table_rows(timeline_of(static_records(), ["m", "w-0"]))
+    assert rows[0] == ["PHASE", "run", "m", "w-0"]
+    by_label = {row[0]: row[1:] for row in rows[1:]}
+    assert by_label["submitted"] == ["0.00", "", ""]
+    assert by_label["first training line"] == ["", "3.00", "3.25"]  # ranks 0 and 2
+    assert by_label["last training line"] == ["", "5.10", "5.35"]  # ranks 1 and 3
+    assert by_label["final status recorded"] == ["", "6.20", "6.30"]
+    assert [row[0] for row in rows[1:3]] == ["submitted", "process started"]  # rows in time order
+
+
+def test_segments_colour_each_stretch_by_what_the_node_did():
+    spans = [(s.state, round(s.start - T0, 2), round(s.end - T0, 2))
+             for s in tl.segments(timeline_of(static_records(), ["m", "w-0"])) if s.node == "m"]
+    assert spans == [(tl.STARTING, 0.2, 0.5), (tl.WAITING, 0.5, 0.6), (tl.PREPARING, 0.6, 0.7),
+                     (tl.LAUNCHING, 0.7, 3.0), (tl.TRAINING, 3.0, 5.1), (tl.STOPPING, 5.1, 6.0),
+                     (tl.SYNCING, 6.0, 6.1), (tl.RECORDING, 6.1, 6.2)]
+
+
+def recovery_records() -> tl.Records:
+    """3 nodes in round 0; w-1 killed at 10 s; its replacement joins; round 1 trains again at 14 s."""
+    round_one = [("registered", 11.0, {"round": 1}), ("decided", 12.0, {"round": 1, "rank": 0}),
+                 ("restored", 12.5, {"round": 1, "files": 3}), ("torchrun", 12.6, {"round": 1})]
+    survivors = [
+        {**happy_node(node, 0.0, (rank,), 0),
+         "events": happy_node(node, 0.0, (rank,), 0)["events"][:5]
+         + batch(node, 0, ("last-line", 9.9, {"round": 0, "rank": rank}), ("exited", 10.4, {"round": 0, "code": -15}),
+                 *round_one, ("first-line", 14.0 + rank, {"round": 1, "rank": rank}))["events"]}
+        for node, rank in (("m", 0), ("w-0", 1))]
+    replacement = batch("w-1", 1, ("started", 10.3), ("registered", 11.5, {"round": 1}),
+                        ("decided", 12.0, {"round": 1, "rank": 2}), ("torchrun", 12.7, {"round": 1}),
+                        ("first-line", 14.5, {"round": 1, "rank": 2}))
+    return tl.Records(
+        run={"created_at": T0}, rounds=[0, 1],
+        batches=[*survivors, happy_node("w-1", 0.0, (2,), 0) | {"events": happy_node("w-1", 0.0, (2,), 0)["events"][:5]},
+                 replacement],
+        ends={0: [{"node": "w-1", "kind": "lost", "reason": "node process killed by SIGKILL", "at": T0 + 10.0},
+                  {"node": "w-1", "kind": "join", "reason": "replacement 1 joins", "at": T0 + 10.6},
+                  {"node": "m", "kind": "peer", "reason": "rank 0 lost a peer", "at": T0 + 10.2}]},
+        statuses={"w-1": {"state": "running", "round": 1, "updated_at": T0 + 15}},
+        scales=[{"nodes": 4, "at": T0 + 16.0, "from": ["m", "w-0", "w-1"], "add": ["w-2"], "remove": []}],
+        leaves=[{"node": "w-0", "reason": "the run was scaled to 2 nodes", "at": T0 + 18.0}])
+
+
+def test_recovery_derives_death_round_end_replacement_and_training_again():
+    found = timeline_of(recovery_records(), ["m", "w-0", "w-1"])
+    assert found.recovering
+    death = [event for event in found.events if event.phase == tl.DEATH]
+    assert [(e.node, e.round, e.incarnation, e.at - T0) for e in death] == [("w-1", 0, 0, 10.0)]
+    ended = [event for event in found.events if event.phase == tl.ROUND_ENDED and event.node is None]
+    assert [(e.round, e.at - T0) for e in ended] == [(0, 10.0)] and "w-1" in ended[0].detail
+    joins = [e for e in found.events if e.phase == tl.JOINS]
+    assert [(e.node, e.incarnation) for e in joins] == [("w-1", 1)]  # the replacement, started at 10.3
+    again = [event for event in found.events if event.phase == tl.TRAINING_AGAIN]
+    assert [(e.round, e.at - T0, e.detail) for e in again] == [(1, 14.0, "4.00 s after round 0 ended")]
+    decided = [(e.round, round(e.at - T0, 3)) for e in found.events if e.phase == tl.ROUND_DECIDED]
+    assert decided == [(0, 0.6), (1, 12.0)]
+    assert [e.detail for e in found.events if e.phase == tl.SCALE] == ["3 -> 4 nodes (+w-2)"]
+    assert [(e.node, e.phase) for e in found.events if e.phase == tl.LEAVES] == [("w-0", tl.LEAVES)]
+
+
+def test_a_dead_incarnations_lane_ends_at_its_death_and_its_replacements_begins_at_its_start():
+    spans = [s for s in tl.segments(timeline_of(recovery_records(), ["m", "w-0", "w-1"])) if s.node == "w-1"]
+    first = [s for s in spans if s.incarnation == 0]
+    second = [s for s in spans if s.incarnation == 1]
+    assert first[-1].state == tl.TRAINING and first[-1].end == T0 + 10.0
+    assert (second[0].state, second[0].start) == (tl.STARTING, T0 + 10.3)
+    assert (second[-1].state, second[-1].end) == (tl.TRAINING, T0 + 100)  # still running: up to when it was read
+    survivor = [(s.state, round(s.start - T0, 3)) for s in tl.segments(timeline_of(recovery_records(), ["m"])) if s.node == "m"]
+    assert (tl.SYNCING, 10.4) in survivor and (tl.WAITING, 11.0) in survivor and (tl.PREPARING, 12.0) in survivor
+
+
+def test_a_node_its_supervisor_recorded_dead_and_damaged_records():
+    records = static_records()
+    records.batches[1]["events"] = records.batches[1]["events"][:5]  # killed while training: nothing more recorded
+    records.statuses["w-0"] = {"state": "failed", "exit_code": 137, "reason": "node process killed by SIGKILL",
+                               "ended_at": T0 + 4.0, "updated_at": T0 + 4.2, "reported_by": "supervisor"}
+    records.batches.append({"node": "x", "events": "not a list"})
+    records.batches.append({"node": "m", "incarnation": 0, "events": [{"phase": "bogus", "at": T0}, {"at": "x"}]})
+    records.cancel = {"reason": "cancelled by user", "at": T0 + 4.5}
+    found = timeline_of(records, ["m", "w-0"])
+    ended = [(e.phase, round(e.at - T0, 3)) for e in found.node_events("w-0")][-2:]
+    assert ended == [(tl.DEATH, 4.0), (tl.RECORDED, 4.2)]
+    assert tl.segments(found)[-1] == tl.Segment("w-0", 0, tl.TRAINING, T0 + 3.25, T0 + 4.0)
+    assert [e.detail for e in found.events if e.phase == tl.CANCELLED] == ["cancelled by user"]
+    assert {e.node for e in found.events} == {None, "m", "w-0"}
+
+
+def test_the_event_log_writes_batches_and_the_rest_when_closed(tmp_path):
+    store = WorkDir(str(tmp_path / "run"))
+    log = EventLog(store, "w-0", 2, interval=0.0).start()
+    log.record(node_events.REGISTERED, round=3)
+    log.first_line(3)(5, 123.0)
+    log.training_ended(3, 0, {5: 124.0})
+    log.close()
+    keys = store.find(f"{node_events.EVENTS_PREFIX}/w-0")
+    assert keys and all(re.fullmatch(r"002\.\d{4}\.json", key) for key in keys)
+    events = [event for key in keys for event in store.get_record(f"events/w-0/{key}")["events"]]
+    assert [event["phase"] for event in events] == ["started", "registered", "first-line", "last-line", "exited"]
+    assert events[2] == {"phase": "first-line", "at": 123.0, "round": 3, "rank": 5}
+    assert events[0]["at"] <= events[1]["at"]  # the process started before it registered
+
+
+def test_the_cli_refuses_a_picture_it_cannot_write(tmp_path, launcher_home):
+    done = run_cli("timeline", "-o", str(tmp_path / "run.png"))
+    assert done.returncode == 2 and "html or .svg" in done.stderr
+
+
+# -- a real run -----------------------------------------------------------------------------------------------
+
+SCRIPT = """
+import os
+print(f"rank {os.environ['RANK']} starts", flush=True)
+print(f"rank {os.environ['RANK']} ends", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A real 2-node local run (2 training processes per node, real torchrun) that succeeded."""
+    directory = tmp_path_factory.mktemp("timeline")
+    env = {**os.environ, "LAUNCHER_HOME": str(directory / "home")}
+    spec = write_spec(directory, SCRIPT, nodes=2, extra_cluster={"processesPerNode": 2})
+    done = run_cli("run", "-f", str(spec), cwd=directory, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = run_id_from(done.stdout)
+    return directory, env, run_id, directory / "wd" / run_id
+
+
+def records_of(work: Path) -> dict:
+    """What the run's records say, read as plain files (not through launcher): per node, each phase's times."""
+    submitted = json.loads((work / "run.json").read_text())["created_at"]
+    phases: dict[str, dict[str, list]] = {}
+    for path in sorted((work / "events").glob("*/*.json")):
+        body = json.loads(path.read_text())
+        for event in body["events"]:
+            phases.setdefault(body["node"], {}).setdefault(event["phase"], []).append(event)
+    for path in (work / "status").glob("*.json"):
+        status = json.loads(path.read_text())
+        phases[status["node"]]["recorded"] = [{"at": status["updated_at"]}]
+    return {"submitted": submitted, "phases": phases}
+
+
+@pytest.mark.xdist_group("timeline")
+def test_a_real_run_records_every_phase_and_the_cli_shows_them(finished_run, tmp_path):
+    directory, env, run_id, work = finished_run
+    said = records_of(work)
+    nodes = ["t-main", "t-worker-0"]
+    assert sorted(said["phases"]) == nodes
+    order = ["started", "registered", "decided", "torchrun", "first-line", "last-line", "exited", "synced", "recorded"]
+    for node in nodes:
+        phases = said["phases"][node]
+        firsts = [min(event["at"] for event in phases[phase]) for phase in order]
+        assert firsts == sorted(firsts) and firsts[0] >= said["submitted"] - 1, (node, phases)
+        assert sorted(event["rank"] for event in phases["first-line"]) == sorted(event["rank"]
+                                                                               for event in phases["last-line"])
+    ranks = sorted(event["rank"] for node in nodes for event in said["phases"][node]["first-line"])
+    assert ranks == [0, 1, 2, 3]
+    batches = list((work / "events").glob("*/*.json"))
+    assert len(batches) <= 2 * 8, "a node writes its events in a few batches, not one request each"
+
+    done = run_cli("timeline", run_id, "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["nodes"] == nodes and not shown["recovering"]
+    recorded = {(e["node"], e["phase"], e["rank"]): e["seconds"] for e in shown["events"]}
+    for node in nodes:
+        for event in said["phases"][node]["first-line"]:
+            assert recorded[(node, "first-line", event["rank"])] == pytest.approx(event["at"] - said["submitted"])
+
+    done = run_cli("timeline", run_id, "-o", str(tmp_path / "run.html"), env=env)
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.splitlines()
+    assert table[1].split() == ["PHASE", "run", *nodes]
+    row = next(line for line in table if line.startswith("torchrun started")).split()
+    expected = [f"{min(e['at'] for e in said['phases'][node]['torchrun']) - said['submitted']:.2f}" for node in nodes]
+    assert row[2:] == expected
+    page = (tmp_path / "run.html").read_text()
+    assert "<script" not in page and "<link" not in page and "http" not in page  # nothing to fetch: opens offline
+    assert run_cli("timeline", run_id, "-o", str(tmp_path / "run.svg"), env=env).returncode == 0
+    root = ElementTree.parse(tmp_path / "run.svg").getroot()  # well-formed, standalone SVG
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+
+
+MEASURE = """<script>
+const out = {lanes: {}, states: [], marks: []};
+const svg = document.querySelector('svg');
+const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top,
+                                                                   bottom: r.bottom}; };
+out.svg = {...box(svg), x0: +svg.dataset.x0, scale: +svg.dataset.pxPerS};
+for (const g of document.querySelectorAll('[data-lane]')) out.lanes[g.dataset.lane] = box(g.querySelector('rect'));
+for (const e of document.querySelectorAll('[data-state]')) {
+  const b = box(e);
+  const hit = document.elementFromPoint((b.left + b.right) / 2, (b.top + b.bottom) / 2);
+  out.states.push({...b, node: e.dataset.node, state: e.dataset.state, hit: hit && hit.dataset.state || null});
+}
+for (const e of document.querySelectorAll('[data-phase]'))
+  out.marks.push({...box(e), node: e.dataset.node, phase: e.dataset.phase, rank: e.dataset.rank || null});
+const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
+
+
+def measured_in_chromium(page: Path, tmp_path: Path) -> dict:
+    """Open ``page`` in headless chromium with a measuring script added; what its layout engine placed where."""
+    chromium = shutil.which("chromium")
+    require(chromium is not None, "chromium is not installed (apt-get install chromium)")
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1400",
+                           f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", probe.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="measured">(.*?)</pre>', done.stdout, re.S)
+    assert found, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.xdist_group("timeline")
+def test_a_browser_draws_lanes_and_marks_where_the_records_say(finished_run, tmp_path):
+    directory, env, run_id, work = finished_run
+    assert run_cli("timeline", run_id, "-o", str(tmp_path / "run.html"), env=env).returncode == 0
+    shown = measured_in_chromium(tmp_path / "run.html", tmp_path)
+    said = records_of(work)
+    nodes = ["t-main", "t-worker-0"]
+
+    def x_of(at: float) -> float:
+        return shown["svg"]["left"] + shown["svg"]["x0"] + (at - said["submitted"]) * shown["svg"]["scale"]
+
+    lanes = shown["lanes"]
+    assert list(lanes) == ["run", *nodes]
+    assert lanes["run"]["bottom"] <= lanes["t-main"]["top"] and lanes["t-main"]["bottom"] <= lanes["t-worker-0"]["top"]
+    for node in nodes:
+        phases = said["phases"][node]
+        mine = [state for state in shown["states"] if state["node"] == node]
+        assert all(lanes[node]["top"] <= s["top"] and s["bottom"] <= lanes[node]["bottom"] for s in mine)
+        starting = next(s for s in mine if s["state"] == tl.STARTING)
+        assert starting["left"] == pytest.approx(x_of(phases["started"][0]["at"]), abs=1)
+        training = next(s for s in mine if s["state"] == tl.TRAINING)
+        assert training["left"] == pytest.approx(x_of(min(e["at"] for e in phases["first-line"])), abs=1)
+        assert training["right"] == pytest.approx(x_of(max(e["at"] for e in phases["last-line"])), abs=1)
+        widest = max(mine, key=lambda s: s["right"] - s["left"])
+        assert widest["hit"] == widest["state"]  # the browser paints it there, on top
+        for event in phases["first-line"]:
+            tick = next(m for m in shown["marks"] if m["node"] == node and m["phase"] == "first-line"
+                        and m["rank"] == str(event["rank"]))
+            assert (tick["left"] + tick["right"]) / 2 == pytest.approx(x_of(event["at"]), abs=1)
+            assert lanes[node]["top"] <= tick["top"] and tick["bottom"] <= lanes[node]["bottom"]
+        end = next(m for m in shown["marks"] if m["node"] == node and m["phase"] == tl.RECORDED)
+        assert (end["left"] + end["right"]) / 2 == pytest.approx(x_of(phases["recorded"][0]["at"]), abs=1)
