@@ -51,19 +51,25 @@ MARK_WORDS = {
 }
 
 
-def nice_span(seconds: float) -> float:
-    """The axis's length: ``seconds`` rounded up to 1, 2, 2.5 or 5 times a power of ten."""
+def nice_step(seconds: float) -> float:
+    """``seconds`` rounded up to 1, 2, 2.5 or 5 times a power of ten: the axis's tick spacing."""
     if seconds <= 0:
         return 1.0
     power = 10 ** math.floor(math.log10(seconds))
     return next(step * power for step in (1, 2, 2.5, 5, 10) if step * power >= seconds)
 
 
+def axis(seconds: float) -> tuple[float, float]:
+    """(length, tick spacing) of an axis that holds ``seconds``, with about eight ticks."""
+    step = nice_step(seconds / 8)
+    return max(1, math.ceil(seconds / step - 1e-9)) * step, step
+
+
 class _Canvas:
     def __init__(self, timeline: tl.Timeline, spans: list[tl.Segment]):
         self.timeline = timeline
         ends = [timeline.seconds(s.end) for s in spans] + [timeline.seconds(e.at) for e in timeline.events]
-        self.span = nice_span(max(ends, default=1.0))
+        self.span, self.step = axis(max(ends, default=1.0))
         self.scale = PLOT_WIDTH / self.span
         self.lanes = ["run", *timeline.nodes]
         self.states = [state for state in tl.STATES if any(span.state == state for span in spans)]
@@ -112,10 +118,8 @@ def svg(timeline: tl.Timeline, *, standalone: bool = True) -> str:
 
 def _axis(canvas: _Canvas) -> None:
     bottom = canvas.lane_top(canvas.lanes[-1]) + LANE
-    step = nice_span(canvas.span / 10)
-    ticks = int(round(canvas.span / step))
-    for index in range(ticks + 1):
-        seconds = index * step
+    for index in range(int(round(canvas.span / canvas.step)) + 1):
+        seconds = index * canvas.step
         x = LEFT + seconds * canvas.scale
         canvas.add(f'<line x1="{x:.2f}" y1="{TOP - 6}" x2="{x:.2f}" y2="{bottom:.2f}" stroke="#e6e6e6"/>')
         canvas.add(f'<text x="{x:.2f}" y="{TOP - 10}" text-anchor="middle" fill="#444">{seconds:g}</text>')
