@@ -25,14 +25,15 @@ MEMORY_LIMIT_MIB = 256  # the issue's goal for a node, whatever the size of its 
 # assembles the parts, once more for each ranged GET), and the simulation holds its objects in this process.
 BIG = {"local": 4 * 1024 * MiB, "s3": 320 * MiB, "oci": 160 * MiB}
 
+# The child's peak is its VmHWM: getrusage's ru_maxrss counts what the parent held when it forked the child.
 CHILD = """
-import resource, sys
+import re, sys
 from launcher.node.outputs import OutputsSync, restore_newest
 from launcher.node.store import WorkDir
 url, node, directory, action = sys.argv[1:]
 sync = OutputsSync(WorkDir(url), node, directory)
 count = sync.sync() if action == "sync" else restore_newest([WorkDir(url)], sync)
-print(count, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+print(count, int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read())[1]) // 1024)
 """
 
 
