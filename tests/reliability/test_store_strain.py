@@ -336,8 +336,8 @@ def test_a_failed_write_leaves_no_temporary_file(small_fs):
     for write in (store.put, store.create):
         with pytest.raises(StoreError, match="No space left on device") as failed:
             write("big.bin", b"\0" * (600 * 1024))
-        assert failed.value.permanent and failed.value.key == "big.bin"
         assert sorted(p.name for p in (small_fs / "run").iterdir()) == ["small.json"]
+        assert failed.value.permanent and failed.value.key == "big.bin"
 
 
 def test_a_commands_clock_starts_afresh_once_it_has_said_the_store_is_gone(own_moto):
