@@ -14,7 +14,7 @@ from launcher.node.rounds import grouped_history
 from launcher.runs import attempts
 from launcher.runs.preflight import quick_work_dir
 from launcher.runs.state import RunInfo, all_runs, resolve_run
-from launcher.runs.view import RunView, closing_line, open_run, read_view, record_lost
+from launcher.runs.view import RunView, closing_line, not_recorded_note, open_run, read_view, record_lost
 from launcher.wording import plural
 
 MAX_CONCURRENT_READS = 16
@@ -76,8 +76,7 @@ def status(ref: str | None, *, as_json: bool) -> int:
     if view.lost:
         refused = record_lost(view, open_run(info))
         if refused:
-            print(f"note: the lost nodes' ends are shown as read, not recorded in the work dir: {refused}",
-                  file=sys.stderr)
+            print(not_recorded_note(refused), file=sys.stderr)
     rounds = _rounds(info)
     data = _data(info)
     if as_json:

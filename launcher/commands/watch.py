@@ -19,7 +19,7 @@ from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, BadInput
 from launcher.node.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
 from launcher.runs.attempts import current_url, started_line
 from launcher.runs.state import RunInfo, reread, resolve_run
-from launcher.runs.view import RunView, closing_line, open_run, read_view, record_lost
+from launcher.runs.view import RunView, closing_line, not_recorded_note, open_run, read_view, record_lost
 
 LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per node
 STORE_POLL_SECONDS = 0.25  # object stores: one LIST per poll
@@ -240,8 +240,7 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
             refused = None if unwritable or not view.lost else record_lost(view, follower.run)
             if refused:
                 unwritable = True
-                sys.stderr.write(f"note: the lost nodes' ends are shown as read, not recorded in the work dir: "
-                                 f"{refused}\n")
+                sys.stderr.write(not_recorded_note(refused) + "\n")
             if show_states:
                 follower.state_changes(view, states)
             next_view = time.monotonic() + VIEW_SECONDS

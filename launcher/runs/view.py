@@ -185,6 +185,11 @@ def record_lost(view: RunView, run: WorkDir) -> StoreError | None:
     return None
 
 
+def not_recorded_note(error: StoreError) -> str:
+    """What readers say when the work dir refused ``record_lost``'s records."""
+    return f"note: the lost nodes' ends are shown as read, not recorded in the work dir: {error}"
+
+
 def _write_lost(view: RunView, run: WorkDir) -> None:
     marked = {failure.get("node") for failure in view.failures}
     for name, lost in view.lost.items():
