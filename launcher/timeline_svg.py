@@ -77,6 +77,7 @@ class _Canvas:
                                                         for event in timeline.events)]
         self.height = TOP + len(self.lanes) * (LANE + GAP) + 40 + 18 * ((len(self.states) + len(self.marks) + 2) // 3)
         self.parts: list[str] = []
+        self.label_ends = [0.0, 0.0]  # where the last word in each of the run lane's two rows ends
 
     def x(self, at: float) -> float:
         return LEFT + self.timeline.seconds(at) * self.scale
@@ -177,7 +178,9 @@ def _run_label(canvas: _Canvas, event: tl.Event, x: float) -> str:
     word = words.get(event.phase)
     if not word:
         return ""
-    return f'<text x="{x + 2:.2f}" y="{canvas.lane_top(None) + LANE / 2 + 4:.2f}" font-size="10">{escape(word)}</text>'
+    row = 0 if canvas.label_ends[0] <= x else 1 if canvas.label_ends[1] <= x else 0  # words side by side never overlap
+    canvas.label_ends[row] = x + 8 + 6 * len(word)
+    return f'<text x="{x + 2:.2f}" y="{canvas.lane_top(None) + 10 + 11 * row:.2f}" font-size="10">{escape(word)}</text>'
 
 
 def _shape(shape: str, x: float, y: float, colour: str) -> str:

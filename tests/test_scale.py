@@ -114,6 +114,11 @@ def test_an_elastic_run_grows_to_3_and_shrinks_to_2_while_it_trains(tmp_path, la
     gpus = {node: [gpu["index"] for gpu in record["accelerators"]["gpus"]] for node, record in status["nodes"].items()}
     assert gpus == {"t-main": ["0"], "t-worker-0": ["1"], "t-worker-1": ["2"]}
     assert re.search(r"^t-worker-1\s+-\s+left\s", run_cli("status", run_id).stdout, re.M)
+    events = json.loads(run_cli("timeline", run_id, "--json").stdout)["events"]  # both requests, and who came and went
+    assert [e["detail"] for e in events if e["phase"] == "scale"] == ["2 -> 3 nodes (+t-worker-1)",
+                                                                       "3 -> 2 nodes (-t-worker-1)"]
+    assert [e["phase"] for e in events if e["node"] == "t-worker-1" and e["phase"] in ("started", "joins", "leaves")] \
+        == ["started", "joins", "leaves", "leaves"]  # asked to leave (control/leave), then its round's leave record
 
 
 def test_scale_refuses_runs_it_cannot_change(tmp_path, launcher_home, monkeypatch, capsys):

@@ -59,6 +59,8 @@ def row_label(found: tl.Timeline, event: tl.Event) -> str:
         label += f" (replacement {event.incarnation})"
     if event.phase == tl.ATTEMPT:
         label += f" ({event.attempt})"
+    if event.phase == tl.SCALE:  # one row per request
+        label += f": {event.detail.split(' (')[0]}"
     if found.recovering and event.round is not None and event.node is not None and event.phase != tl.RECORDED:
         label += f" (round {event.round})"
     return label
