@@ -54,18 +54,23 @@ def for_store(fs: Any, *, local: bool) -> Transfers:
 
 
 def download_file(transfers: Transfers, path: str, local_path: str) -> bool:
-    """The object ``path`` into ``local_path``, through a hidden sibling renamed into place once complete; False if
-    there is no such object. Nothing is left behind when it fails."""
+    """The object ``path`` into ``local_path``, which appears once complete; False if there is no such object."""
+    return _publish(local_path, lambda target: transfers.download(path, target))
+
+
+def _publish(path: str, write: Callable[[BinaryIO], bool]) -> bool:
+    """A new file written by ``write`` into a hidden sibling of ``path`` (listings and syncs skip dot-names), renamed
+    to ``path`` if ``write`` returns True. The sibling never outlives this, also when ``write`` fails."""
     from launcher.node.store import _temporary_name
 
-    os.makedirs(os.path.dirname(local_path) or ".", exist_ok=True)
-    tmp = _temporary_name(local_path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = _temporary_name(path)
     try:
         with open(tmp, "wb") as target:
-            if not transfers.download(path, target):
-                return False
-        os.replace(tmp, local_path)
-        return True
+            written = write(target)
+        if written:
+            os.replace(tmp, path)
+        return written
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -103,17 +108,11 @@ def same_file(handle: BinaryIO) -> str:
 
 class LocalTransfers:
     def upload(self, handle: BinaryIO, path: str) -> None:
-        from launcher.node.store import _temporary_name
+        def copy(target: BinaryIO) -> bool:
+            _copy(handle, target)
+            return True
 
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = _temporary_name(path)
-        try:
-            with open(tmp, "wb") as out:
-                _copy(handle, out)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        _publish(path, copy)
 
     def download(self, path: str, target: BinaryIO) -> bool:
         try:
@@ -127,7 +126,6 @@ class LocalTransfers:
 
 def _copy(source: BinaryIO, target: BinaryIO) -> None:
     """The whole of ``source`` into ``target`` by the kernel, a chunk at a time."""
-    source.seek(0)
     offset = 0
     while sent := os.sendfile(target.fileno(), source.fileno(), offset, COPY_CHUNK):
         offset += sent
