@@ -185,7 +185,8 @@ def _run_label(canvas: _Canvas, event: tl.Event, x: float) -> str:
 
 def _shape(shape: str, x: float, y: float, colour: str) -> str:
     if shape == "tick":
-        return f'<line x1="{x:.3f}" y1="{y - 11:.2f}" x2="{x:.3f}" y2="{y + 11:.2f}" stroke="{colour}" stroke-width="2"/>'
+        return (f'<line x1="{x:.3f}" y1="{y - 11:.2f}" x2="{x:.3f}" y2="{y + 11:.2f}" stroke="{colour}" '
+                'stroke-width="2"/>')
     if shape == "cross":
         return (f'<path d="M{x - 6:.2f},{y - 6:.2f} L{x + 6:.2f},{y + 6:.2f} M{x - 6:.2f},{y + 6:.2f} '
                 f'L{x + 6:.2f},{y - 6:.2f}" stroke="{colour}" stroke-width="3"/>')

@@ -115,6 +115,11 @@ def test_a_static_run_with_restarts_resumes_from_its_checkpoint(tmp_path, launch
 
     assert int(second_attempt.rsplit(" ", 1)[1]) >= 5  # its first epoch is not 1
     assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)
+    events = json.loads(run_cli("timeline", run_id, "--json").stdout)["events"]  # the recovery, as the timeline has it
+    death = next(e for e in events if e["phase"] == "death" and e["node"] == "t-worker-0")
+    replaced = next(e for e in events if e["phase"] == "started" and e["node"] == "t-worker-0" and e["incarnation"])
+    again = next(e for e in events if e["phase"] == "training-again")
+    assert (death["round"], again["round"]) == (0, 1) and death["at"] <= replaced["at"] < again["at"]
 
 
 @pytest.mark.parametrize("recovery, said", [

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from launcher.node import events as node_events
 from launcher.node.control import CANCEL, CONTROL_PREFIX, LIMIT
@@ -21,6 +21,9 @@ from launcher.node.rounds import ROUNDS_PREFIX
 from launcher.node.status import FINAL_STATES, STATUS_PREFIX
 from launcher.node.store import WorkDir
 from launcher.runs.recovery import JOIN, LEAVE, LOST
+
+if TYPE_CHECKING:
+    from launcher.runs.state import RunInfo
 
 # Phases derived from records (the nodes' own are launcher.node.events').
 SUBMITTED = "submitted"  # the client wrote run.json, just before it started the nodes
@@ -94,9 +97,6 @@ class Timeline:
 
     def node_events(self, node: str) -> list[Event]:
         return [event for event in self.events if event.node == node]
-
-    def ended(self, node: str) -> bool:
-        return any(event.phase == RECORDED for event in self.node_events(node))
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "submitted_at": self.submitted, "nodes": self.nodes,
@@ -222,7 +222,8 @@ def _final(name: str, status: dict[str, Any], starts: dict[str, list[tuple[float
 
 def _scale_words(wish: dict[str, Any]) -> str:
     changes = [f"+{name}" for name in wish.get("add") or []] + [f"-{name}" for name in wish.get("remove") or []]
-    return f"{len(wish.get('from') or [])} -> {wish.get('nodes')} nodes" + (f" ({' '.join(changes)})" if changes else "")
+    size = f"{len(wish.get('from') or [])} -> {wish.get('nodes')} nodes"
+    return f"{size} ({' '.join(changes)})" if changes else size
 
 
 def _rounds(found: list[Event], decided: Iterable[int], attempt: int) -> list[Event]:
@@ -282,8 +283,8 @@ def read_records(store: WorkDir) -> Records:
     return records
 
 
-def read_timeline(info: Any) -> Timeline:
-    """The timeline of the run ``info`` (a :class:`launcher.runs.state.RunInfo`), over all its attempts."""
+def read_timeline(info: RunInfo) -> Timeline:
+    """The timeline of the run ``info``, over all its attempts."""
     from launcher.runs.attempts import read as read_attempts
     from launcher.runs.preflight import reading_work_dir
 
@@ -337,7 +338,8 @@ def segments(timeline: Timeline) -> list[Segment]:
         incarnations = sorted({event.incarnation for event in mine})
         for incarnation in incarnations:
             chain = _transitions([event for event in mine if event.incarnation == incarnation])
-            later = [event.at for event in mine if event.phase == node_events.STARTED and event.incarnation > incarnation]
+            later = [event.at for event in mine
+                     if event.phase == node_events.STARTED and event.incarnation > incarnation]
             open_end = min(later) if later else timeline.read_at
             for (start, state), (end, _) in zip(chain, chain[1:] + [(open_end, None)]):
                 if state is not None and end > start:
