@@ -320,3 +320,21 @@ def test_a_browser_draws_lanes_and_marks_where_the_records_say(finished_run, tmp
             assert lanes[node]["top"] <= tick["top"] and tick["bottom"] <= lanes[node]["bottom"]
         end = next(m for m in shown["marks"] if m["node"] == node and m["phase"] == tl.RECORDED)
         assert (end["left"] + end["right"]) / 2 == pytest.approx(x_of(phases["recorded"][0]["at"]), abs=1)
+
+
+def test_a_run_retried_whole_shows_every_attempt_on_the_same_lanes(tmp_path):
+    from launcher.runs.attempts import Attempt, key, namespace
+    from launcher.runs.state import RunInfo
+
+    info = RunInfo("r", "oci", str(tmp_path), ["m"], "", "", T0)
+    top = WorkDir(info.run_url)
+    top.put("run.json", json.dumps({"created_at": T0}).encode())
+    top.put("events/m/000.0000.json", json.dumps(batch("m", 0, ("started", 1.0))).encode())
+    second = namespace(info.run_url, "r", 2)
+    top.put(key(2), Attempt(2, second, {"node": "m", "kind": "lost", "reason": "job run failed"}, True,
+                            restarts=1, at=T0 + 5.0).to_bytes())
+    WorkDir(second).put("events/m/000.0000.json", json.dumps(batch("m", 0, ("started", 6.0))).encode())
+    found = tl.read_timeline(info)
+    assert found.nodes == ["m"]
+    assert [(e.phase, e.attempt, round(found.seconds(e.at), 3)) for e in found.events] == [
+        (tl.SUBMITTED, 1, 0.0), ("started", 1, 1.0), (tl.ATTEMPT, 2, 5.0), ("started", 2, 6.0)]
