@@ -13,7 +13,7 @@ from launcher.errors import EXIT_BACKEND, LauncherError, SpecError
 if TYPE_CHECKING:
     from launcher.spec import Overrides
 
-BACKENDS = ("local", "docker", "oci", "slurm")
+BACKENDS = ("local", "docker", "oci", "slurm", "kubernetes")
 
 
 def _spec_arg(parser: argparse.ArgumentParser) -> None:

@@ -12,8 +12,10 @@ _BACKENDS = {
     "docker": "launcher.backends.docker:DockerBackend",
     "oci": "launcher.backends.oci:OciBackend",
     "slurm": "launcher.backends.slurm:SlurmBackend",
+    "kubernetes": "launcher.backends.kubernetes:KubernetesBackend",
 }
-_BY_INFRASTRUCTURE = {"local": "local", "docker": "docker", "dataScienceJob": "oci", "slurm": "slurm"}
+_BY_INFRASTRUCTURE = {"local": "local", "docker": "docker", "dataScienceJob": "oci", "slurm": "slurm",
+                      "kubernetes": "kubernetes"}
 
 
 def backend_for(name: str | None, infra_type: str) -> Backend:

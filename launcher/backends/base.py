@@ -119,6 +119,11 @@ class Backend(ABC):
         warnings about one it can (e.g. an image older than the code)."""
         return []
 
+    def manifest(self, dryrun: DryRun) -> str | None:
+        """The requests as a document the engine's own tool applies (Kubernetes: YAML for ``kubectl apply -f -``);
+        None where there is none."""
+        return None
+
     @abstractmethod
     def requests(self, plan: Plan) -> list[Request]:
         """The exact requests :meth:`schedule` will send for ``plan``. Pure: no I/O."""

@@ -40,6 +40,11 @@ def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: b
             resume_source(resume_url)
     request = chosen.dryrun(spec, run_id=run_id, resume_from=resume_url)
     if dry_run:
+        manifest = chosen.manifest(request) if output != "json" else None
+        if manifest is not None:  # what the engine's own tool takes, the notes as its comments
+            sys.stdout.write("".join(f"# note: {note}\n" for note in request.notes) if output == "text" else "")
+            sys.stdout.write(manifest)
+            return 0
         data = mask(request.to_dict())
         if output == "text":
             render.dryrun_text(data)

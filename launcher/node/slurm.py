@@ -12,7 +12,6 @@ does, so that its peers stop, or, in a recovering run, meet without it in the ne
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from launcher import node_names
+from launcher.node import indexed
 from launcher.node.main import EXIT_BAD_ENV
 
 # a one-node job's node, set in sbatch's environment: {"name", "incarnation" (a lost node started again),
@@ -63,15 +62,6 @@ def in_attempt(env: os._Environ) -> None:
     env.update(node_env(dict(env), number, restarts, max_restarts))
 
 
-def node_name(env: dict[str, str]) -> str:
-    """This task's node: the spec's ``SLURM_NODEID``-th node."""
-    names = node_names.expand([tuple(group) for group in json.loads(env["LAUNCHER_NODE_GROUPS"])])
-    index = int(env.get("SLURM_NODEID", "-1"))
-    if not 0 <= index < len(names):
-        raise ValueError(f"SLURM_NODEID is {env.get('SLURM_NODEID')!r}; the run has nodes 0..{len(names) - 1}")
-    return names[index]
-
-
 def visibility_problem(env: dict[str, str]) -> str | None:
     """Why this machine does not see the run as the client left it (None: it does)."""
     from launcher.workdirs import scheme
@@ -105,21 +95,14 @@ def slurm_address(node: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.node.slurm")
-    parser.add_argument("--main-env", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE")
-    args = parser.parse_args(argv)
+    args = indexed.group_args(argv, "python -m launcher.node.slurm")
     env = os.environ
     try:
-        name = one_node(env) or node_name(dict(env))
+        name = one_node(env) or indexed.name_at(env, "SLURM_NODEID")
     except (KeyError, ValueError) as exc:
         print(f"launcher node on {socket.gethostname()}: cannot tell which node this task is: {exc}", file=sys.stderr)
         return EXIT_BAD_ENV
-    main_node = node_names.expand([tuple(group) for group in json.loads(env["LAUNCHER_NODE_GROUPS"])])[0]
-    for item in args.main_env if name == main_node else args.worker_env:
-        key, _, value = item.partition("=")
-        env[key] = value
-    env["LAUNCHER_NODE_NAME"] = name
+    indexed.become(env, name, args)
     problem = visibility_problem(dict(env))
     if problem:
         said = f"launcher node {name} on {socket.gethostname()}: {problem}"

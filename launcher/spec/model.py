@@ -97,7 +97,32 @@ class SlurmInfra:
     setup: str = ""  # shell lines, run on each node before its bootstrap
 
 
-Infra = DataScienceJobInfra | LocalInfra | DockerInfra | SlurmInfra
+@dataclass(frozen=True)
+class KubernetesInfra:
+    """The Job's and pods' settings; tolerations and affinity are the API's own objects, passed through."""
+
+    namespace: str | None = None
+    context: str | None = None
+    service_account: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
+    gpus: int | None = None
+    extended: dict[str, int] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    affinity: dict[str, Any] | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    priority_class: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    queue_name: str | None = None
+    secrets: tuple[str, ...] = ()
+    volumes: tuple[dict[str, Any], ...] = ()  # {claimName, mountPath, readOnly}
+    shm_size: str | None = None
+    ttl_seconds_after_finished: int | None = None
+
+
+Infra = DataScienceJobInfra | LocalInfra | DockerInfra | SlurmInfra | KubernetesInfra
 
 
 @dataclass(frozen=True)
@@ -148,7 +173,7 @@ class Runtime:
 @dataclass(frozen=True)
 class Spec:
     name: str
-    infra_type: str  # dataScienceJob | local | docker | slurm
+    infra_type: str  # dataScienceJob | local | docker | slurm | kubernetes
     infra: Infra
     cluster: Cluster
     runtime: Runtime
@@ -445,6 +470,18 @@ def _infra(kind: str, spec: dict, name: str) -> Infra:
             exclusive=bool(spec.get("exclusive", False)), python=spec.get("python"),
             sbatch_options=tuple(spec.get("sbatchOptions") or ()),
             setup=setup if isinstance(setup, str) else "\n".join(setup))
+    if kind == "kubernetes":
+        resources = spec.get("resources") or {}
+        return KubernetesInfra(
+            namespace=spec.get("namespace"), context=spec.get("context"), service_account=spec.get("serviceAccountName"),
+            cpu=None if resources.get("cpu") is None else str(resources["cpu"]), memory=resources.get("memory"),
+            gpus=resources.get("gpus"), extended=dict(resources.get("extended") or {}),
+            node_selector=dict(spec.get("nodeSelector") or {}), tolerations=tuple(spec.get("tolerations") or ()),
+            affinity=spec.get("affinity"), image_pull_secrets=tuple(spec.get("imagePullSecrets") or ()),
+            priority_class=spec.get("priorityClassName"), labels=dict(spec.get("labels") or {}),
+            annotations=dict(spec.get("annotations") or {}), queue_name=spec.get("queueName"),
+            secrets=tuple(spec.get("secrets") or ()), volumes=tuple(spec.get("volumes") or ()),
+            shm_size=spec.get("shmSize"), ttl_seconds_after_finished=spec.get("ttlSecondsAfterFinished"))
     return LocalInfra(work_dir=spec.get("workDir"))
 
 

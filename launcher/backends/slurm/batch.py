@@ -13,7 +13,9 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from launcher.plan import NodeConfig, Plan
+from launcher.backends.indexed import group_env, shared_env
+from launcher.node.indexed import group_argv
+from launcher.plan import Plan
 from launcher.spec.model import SlurmInfra, Spec
 
 if TYPE_CHECKING:
@@ -75,29 +77,9 @@ def sbatch_argv(plan: Plan, output: str) -> list[str]:
     return argv + list(infra.sbatch_options)
 
 
-def shared_env(nodes: Sequence[NodeConfig]) -> dict[str, str]:
-    """The variables every node has with the same value."""
-    first = dict(nodes[0].env)
-    return {name: value for name, value in first.items() if all(node.env.get(name) == value for node in nodes[1:])}
-
-
-def group_env(plan: Plan, shared: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """Per group, what its nodes have beyond ``shared`` (their own name aside, which each task works out)."""
-    groups: dict[str, dict[str, str]] = {}
-    for node in plan.nodes:
-        own = {name: value for name, value in node.env.items()
-               if shared.get(name) != value and name != "LAUNCHER_NODE_NAME"}
-        groups.setdefault(node.group, own)
-    return groups
-
-
 def node_argv(plan: Plan, shared: Mapping[str, str]) -> list[str]:
     """What ``srun`` starts on every node: the Slurm entry of the bootstrap, with each group's own env."""
-    argv = [python_of(infra_of(plan.spec)), "-m", NODE_ENTRY]
-    for group, env in group_env(plan, shared).items():
-        for name, value in env.items():
-            argv += [f"--{group}-env", f"{name}={value}"]
-    return argv
+    return [python_of(infra_of(plan.spec)), "-m", NODE_ENTRY, *group_argv(group_env(plan, shared))]
 
 
 def batch_script(plan: Plan, node_output: str) -> str:

@@ -1,0 +1,38 @@
+"""The bootstrap's entry in a pod of the run's Indexed Job: the node is the spec's node at the pod's
+``JOB_COMPLETION_INDEX`` (index 0 the main), with its group's own variables from the arguments
+(:mod:`launcher.node.indexed`); then the bootstrap (:mod:`launcher.node.main`) replaces this process, so that
+the container's exit status is the node's. A pod that starts its index again after a lost one is the node's
+next incarnation (``LAUNCHER_NODE_INCARNATION``, from the Job controller's failure count of the index)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import NoReturn
+
+from launcher.node import indexed
+from launcher.node.main import EXIT_BAD_ENV
+
+INDEX = "JOB_COMPLETION_INDEX"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = indexed.group_args(argv, "python -m launcher.node.kubernetes")
+    env = os.environ
+    try:
+        name = indexed.name_at(env, INDEX)
+    except (KeyError, ValueError) as exc:
+        print(f"launcher node in pod {socket.gethostname()}: cannot tell which node this pod is: {exc}",
+              file=sys.stderr)
+        return EXIT_BAD_ENV
+    indexed.become(env, name, args)
+    _exec_bootstrap()
+
+
+def _exec_bootstrap() -> NoReturn:
+    os.execv(sys.executable, [sys.executable, "-m", "launcher.node"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
