@@ -37,14 +37,16 @@ STATE_WORDS = {
 MARKS = {
     node_events.FIRST_LINE: ("#1b5e20", "tick"), tl.DEATH: ("#d62728", "cross"),
     node_events.STARTED: ("#222222", "triangle"),  # drawn for replacements (incarnation > 0) only
-    tl.JOINS: ("#1f77b4", "diamond"), tl.LEAVES: ("#ff7f0e", "diamond"), tl.RECORDED: ("#222222", "dot"),
+    tl.JOINS: ("#1f77b4", "diamond"), tl.LEAVE_ASKED: ("#ffbb78", "diamond"), tl.LEAVES: ("#ff7f0e", "diamond"),
+    tl.RECORDED: ("#222222", "dot"),
     tl.ROUND_DECIDED: ("#555555", "line"), tl.ROUND_ENDED: ("#d62728", "line"),
     tl.TRAINING_AGAIN: ("#2ca02c", "line"), tl.SCALE: ("#ff7f0e", "line"), tl.CANCELLED: ("#000000", "line"),
     tl.LIMIT_REACHED: ("#000000", "line"), tl.ATTEMPT: ("#9467bd", "line"), tl.SUBMITTED: ("#000000", "line"),
 }
 MARK_WORDS = {
     node_events.FIRST_LINE: "a rank's first training line", tl.DEATH: "death seen",
-    node_events.STARTED: "replacement started", tl.JOINS: "asks to join", tl.LEAVES: "leaves on request",
+    node_events.STARTED: "replacement started", tl.JOINS: "asks to join", tl.LEAVE_ASKED: "asked to leave",
+    tl.LEAVES: "leaves (ends its round)",
     tl.RECORDED: "final status recorded", tl.ROUND_DECIDED: "round decided", tl.ROUND_ENDED: "round ended",
     tl.TRAINING_AGAIN: "training again", tl.SCALE: "scale requested", tl.CANCELLED: "cancel requested",
     tl.LIMIT_REACHED: "maxRuntime reached", tl.ATTEMPT: "attempt started", tl.SUBMITTED: "submitted",

@@ -129,7 +129,8 @@ def test_recovery_derives_death_round_end_replacement_and_training_again():
     decided = [(e.round, round(e.at - T0, 3)) for e in found.events if e.phase == tl.ROUND_DECIDED]
     assert decided == [(0, 0.6), (1, 12.0)]
     assert [e.detail for e in found.events if e.phase == tl.SCALE] == ["3 -> 4 nodes (+w-2)"]
-    assert [(e.node, e.phase) for e in found.events if e.phase == tl.LEAVES] == [("w-0", tl.LEAVES)]
+    assert [(e.node, e.detail) for e in found.events if e.phase == tl.LEAVE_ASKED] == [
+        ("w-0", "the run was scaled to 2 nodes")]
 
 
 def test_a_dead_incarnations_lane_ends_at_its_death_and_its_replacements_begins_at_its_start():

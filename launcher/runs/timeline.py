@@ -32,7 +32,8 @@ ROUND_DECIDED = "round-decided"  # the first node learned the decision of a roun
 ROUND_ENDED = "round-ended"  # a round ended (run-level: the first end record; node-level: that node's)
 DEATH = "death"  # a node died without reporting, as its supervisor (or a reader) saw it
 JOINS = "joins"  # a node (a replacement, one `launcher scale` added) asked to join the next round
-LEAVES = "leaves"  # a node left on request (`launcher scale`)
+LEAVE_ASKED = "asked-to-leave"  # `launcher scale` asked a node to leave (control/leave.{node}.json)
+LEAVES = "leaves"  # a node asked to leave ended its round to go
 TRAINING_AGAIN = "training-again"  # the first training line of a round after the first
 SCALE = "scale"  # `launcher scale` asked for a size
 CANCELLED = "cancel"  # `launcher cancel` (or an interrupt) asked every node to stop
@@ -41,7 +42,8 @@ RECORDED = "recorded"  # the node's final status was written
 
 LABELS = {
     SUBMITTED: "submitted", ATTEMPT: "attempt started", ROUND_DECIDED: "decided", ROUND_ENDED: "round ended",
-    DEATH: "death seen", JOINS: "asks to join", LEAVES: "leaves", TRAINING_AGAIN: "training again",
+    DEATH: "death seen", JOINS: "asks to join", LEAVE_ASKED: "asked to leave", LEAVES: "leaves",
+    TRAINING_AGAIN: "training again",
     SCALE: "scale requested", CANCELLED: "cancel requested", LIMIT_REACHED: "maxRuntime reached",
     RECORDED: "final status recorded",
     node_events.STARTED: "process started", node_events.REGISTERED: "registered",
@@ -107,9 +109,9 @@ class Timeline:
 def derive(records: Records, attempt: int = 1) -> list[Event]:
     """Every event the records of one attempt hold, by time."""
     found: list[Event] = []
-    submitted = records.run.get("created_at")
-    if isinstance(submitted, (int, float)):
-        found.append(Event(float(submitted), SUBMITTED, attempt=attempt))
+    submitted = _time(records.run.get("created_at"))
+    if submitted is not None:
+        found.append(Event(submitted, SUBMITTED, attempt=attempt))
     for batch in records.batches:
         found += _node_events(batch, attempt)
     starts = _starts(found)
@@ -119,9 +121,9 @@ def derive(records: Records, attempt: int = 1) -> list[Event]:
         found += _final(name, status, starts, attempt)
     for leave in records.leaves:
         if _time(leave.get("at")) is not None and leave.get("node"):
-            found.append(Event(float(leave["at"]), LEAVES, str(leave["node"]), attempt=attempt,
+            found.append(Event(float(leave["at"]), LEAVE_ASKED, str(leave["node"]), attempt=attempt,
                                incarnation=_incarnation(starts, str(leave["node"]), float(leave["at"])),
-                               detail=f"asked to leave: {leave.get('reason', '')}"))
+                               detail=str(leave.get("reason") or "")))
     for wish in records.scales:
         if _time(wish.get("at")) is not None:
             found.append(Event(float(wish["at"]), SCALE, attempt=attempt, detail=_scale_words(wish)))
