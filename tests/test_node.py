@@ -13,6 +13,7 @@ import pytest
 
 from cluster import Cluster, write_spec
 from launcher.node.control import request_cancel
+from launcher.runs.timeline import RECORDED, derive, read_records
 
 CHECK = """\
 import json, os, sys
@@ -162,6 +163,8 @@ def test_work_dir_on_s3(tmp_path, moto, s3_bucket):
     assert codes == {name: 0 for name in cluster.nodes}, {k: v.output for k, v in cluster.nodes.items()}
     assert cluster.status("t-main")["state"] == "succeeded"
     assert cluster.run.url.startswith(f"s3://{s3_bucket}/runs/")
+    phases = {(event.node, event.phase) for event in derive(read_records(cluster.run))}  # the timeline reads S3 too
+    assert {(node, phase) for node in cluster.nodes for phase in ("started", "torchrun", "exited", RECORDED)} <= phases
 
 
 def test_elastic_runs_train_in_membership_rounds_of_static_torchrun(tmp_path):
