@@ -138,7 +138,8 @@ def main() -> None:
             measure(f"1 file of {args.size_mib} MiB", "big", root / "big", moto, root, args.repeat, env)
             measure(f"{args.files} files of {args.file_mib} MiB", "many", root / "many", moto, root, args.repeat, env)
     finally:
-        moto.stop()
+        moto.proc.kill()  # it holds gigabytes, and may take longer than MotoServer.stop waits to let them go
+        moto.proc.wait()
 
 
 if __name__ == "__main__":
