@@ -30,7 +30,9 @@ from launcher.node.control import LEFT, ControlWatch, StopRequest, record_failur
 from launcher.node.rounds import Round, Rounds, RunOver, Timing, describe_end
 from launcher.runs.recovery import FAILURE, JOIN, KILLED, LEAVE, PEER, Policy, RoundEnd
 from launcher.node.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
+from launcher.node.childproc import ExitEvent, die_with_parent, terminate
 from launcher.node.exits import signal_name
+from launcher.node.hangwatch import HangWatch
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, node_address
 from launcher.node.ranklogs import RankLogs
@@ -50,9 +52,7 @@ EXIT_TIMED_OUT = 124  # maxRuntime or the hang watchdog, as timeout(1) reports i
 HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
 PEER_GRACE_SECONDS = 5.0  # how long a node whose ranks only lost a peer waits for that peer's failure marker
-HANG_PEER_GRACE_SECONDS = 10.0  # how long a hung node whose ranks all wait in collectives waits for the culprit's
 PEER_POLL_SECONDS = 0.5
-STACK_LINES_SHOWN = 12
 
 
 class TooFewGpus(Exception):
@@ -107,7 +107,6 @@ class Node:
         self.started = time.monotonic()
         self.stacks_dir = ""
         self.sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
-        self.ranks_ended = False  # every training process here ended well; torchrun waits for the other nodes
 
     def say(self, message: str) -> None:
         print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
@@ -285,7 +284,7 @@ class Node:
         self.proc = subprocess.Popen(argv, env=training_env(os.environ, decision, settings, self.processes,
                                                             self.stacks_dir, number),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_die_with_parent())
+                                     preexec_fn=die_with_parent())
         self.events.record(TORCHRUN, round=number)
         rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, self.events.first_line(number)).start()
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
@@ -344,7 +343,9 @@ class Node:
         next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
         next_round_check = time.monotonic()
         training_started = time.monotonic()
-        exited = _ExitEvent(self.proc.pid)
+        exited = ExitEvent(self.proc.pid)
+        hangs = HangWatch(settings.hang_timeout, self.processes, self.stacks_dir, node=settings.node,
+                          nodes=settings.nodes, run=self.run, status=self.status, say=self.say)
         try:
             while not exited.wait(0.5):  # wakes when torchrun exits, or after 0.5 s for the periodic duties
                 if self.run.gone:  # its logs, status and outputs can no longer be saved: training here is lost
@@ -356,10 +357,12 @@ class Node:
                     self._record_limit(limit)
                     self.say(f"stopping training: {limit}")
                     return _Ended(self._terminate(), limit=limit)
-                own_failure = self._hang_check(rank_logs, training_started)
-                if own_failure:
-                    self.say(f"stopping training: {own_failure}")
-                    return _Ended(self._terminate(), own_failure=own_failure)
+                hang = hangs.check(rank_logs, training_started, self._await_stop)
+                if hang and hang.stop:  # a hang whose culprit is another node, which named itself
+                    self.stop_request = hang.stop
+                elif hang:
+                    self.say(f"stopping training: {hang.failure}")
+                    return _Ended(self._terminate(), own_failure=hang.failure)
                 self.stop_request = self.stop_request or self._control_check()
                 if self.stop_request:
                     self.say(f"stopping training: {self.stop_request.reason}")
@@ -457,66 +460,6 @@ class Node:
         except StoreError as exc:  # the peers' own timers stop them as well
             self.say(f"could not record the run's limit in the work dir: {exc}")
 
-    def _hang_check(self, rank_logs: RankLogs, training_started: float) -> str | None:
-        """When every training process here has been silent for hangTimeout: this node's failure, if a rank
-        here is what the others wait for (or no node says it is); None while it is not hung, or when a peer
-        named itself the cause (then ``stop_request`` is set)."""
-        timeout = self.settings.hang_timeout
-        now = time.monotonic()
-        if not timeout or self.ranks_ended or any(now - rank_logs.last_output.get(local, training_started) < timeout
-                                                  for local in range(self.processes)):
-            return None
-        return self._diagnose_hang(rank_logs, timeout)
-
-    def _diagnose_hang(self, rank_logs: RankLogs, timeout: float) -> str | None:
-        from launcher.node.stacks import capture
-
-        def label(local: int) -> str:
-            rank = rank_logs.global_rank(local)
-            return f"local rank {local}" if rank is None else f"rank {rank}"
-
-        captured = capture(self.stacks_dir, range(self.processes))
-        if len(captured.gone) == self.processes:  # they ended well (torchrun reports failures at once): torchrun
-            self.ranks_ended = True               # waits at its exit barrier for the other nodes; not a hang here
-            self.say("every training process here has ended (exit status 0); torchrun waits for the other nodes")
-            self.status.update(training_processes="ended")
-            return None
-        stacks = captured.stacks
-        for local, stack in sorted(stacks.items()):
-            state = "waits in a collective" if stack.waiting else "is not in any collective"
-            self.say(f"hung for {timeout:g}s: {label(local)} {state}; its stack, most recent call first:")
-            for frame in stack.frames[:STACK_LINES_SHOWN]:
-                self.say(f"  {frame}")
-        stuck = [stack for _, stack in sorted(stacks.items()) if not stack.waiting]
-        if stuck:
-            where = stuck[0].innermost_user_frame or (stuck[0].frames[0] if stuck[0].frames else "an unknown place")
-            waiting = [label(local) for local, stack in sorted(stacks.items()) if stack.waiting]
-            return (f"hung: {label(stuck[0].local_rank)} made no progress for {timeout:g}s outside any collective, "
-                    f"at {where}" + (f" ({', '.join(waiting)} wait for it)" if waiting else ""))
-        silent = ", ".join(label(local) for local in range(self.processes))
-        if not stacks:
-            return f"hung: no training process wrote a line for {timeout:g}s (silent: {silent}); no stack could be read"
-        self.stop_request = self._await_stop(HANG_PEER_GRACE_SECONDS)  # the culprit's node names itself
-        if self.stop_request:
-            return None
-        ended = self._peers_that_ended()
-        if ended:
-            return (f"hung: {silent} waited {timeout:g}s in a collective for {', '.join(ended)}, whose training "
-                    "processes ended with exit status 0: the entry point returned there before training was over "
-                    "(e.g. before init_process_group)")
-        return (f"hung: {silent} waited {timeout:g}s in a collective and no node has a rank outside one "
-                "(mismatched collectives across ranks, or a rank that is gone)")
-
-    def _peers_that_ended(self) -> list[str]:
-        """Peers whose training processes all ended well, while this node's wait for them."""
-        try:
-            statuses = {node: self.run.get_record(status_key(node)) for node in self.settings.nodes
-                        if node != self.settings.node}
-        except StoreError:
-            return []
-        return [node for node, status in statuses.items()
-                if status.get("state") == "succeeded" or status.get("training_processes") == "ended"]
-
     def _peer_stop(self, cause: Cause) -> StopRequest | None:
         """A cancel or a peer's failure marker. When this node's ranks only lost a peer, the node whose
         rank raised is given PEER_GRACE_SECONDS to write its marker, so that it, not this node, is the cause."""
@@ -552,15 +495,7 @@ class Node:
 
     def _terminate(self) -> int:
         assert self.proc is not None
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            return self.proc.wait(timeout=STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.say(f"training did not stop within {STOP_GRACE_SECONDS:g}s of SIGTERM; sending SIGKILL")
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait()
-        except ProcessLookupError:
-            return self.proc.wait()
+        return terminate(self.proc, STOP_GRACE_SECONDS, self.say)
 
     def _mark_failed(self, state: str, reason: str | None, exit_code: int, details: dict | None) -> None:
         """The failure marker: written first, so peers stop as early as possible."""
@@ -589,33 +524,6 @@ class Node:
         print(f"[launcher {self.settings.node}] failed to record its end in the work dir ({ended}): {refused}",
               file=sys.stderr, flush=True)
         return exit_code or EXIT_STORE
-
-
-class _ExitEvent:
-    """Waits for a process to exit without busy polling (a pidfd becomes readable when it does)."""
-
-    def __init__(self, pid: int):
-        self.fd = os.pidfd_open(pid)
-
-    def wait(self, timeout: float) -> bool:
-        import select
-
-        ready, _, _ = select.select([self.fd], [], [], timeout)
-        return bool(ready)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def _die_with_parent():
-    """A pre-exec hook asking Linux to SIGTERM torchrun if this node dies, so training never outlives it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only calls it
-    pr_set_pdeathsig = 1
-    return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def main() -> int:
