@@ -112,7 +112,7 @@ def test_a_failing_node_stops_its_peers_and_keeps_its_logs(tmp_path, how, code, 
     assert "rank 1 step 150" in log and "rank 1 about to fail" in log  # written before the failure
 
 
-def test_sigkill_of_a_node_ends_the_run_failed_within_10s(tmp_path):
+def test_sigkill_of_a_node_ends_the_run_failed_within_20s(tmp_path):
     spec = write_spec(tmp_path, FOREVER, nodes=3)
     cluster = Cluster(spec)
     victim = cluster.nodes["t-worker-1"]
@@ -122,7 +122,9 @@ def test_sigkill_of_a_node_ends_the_run_failed_within_10s(tmp_path):
     for name, node in cluster.nodes.items():
         if name != "t-worker-1":
             assert node.proc.wait(timeout=30) != 0
-    assert time.monotonic() - killed_at < 10
+    # not the rendezvous timeout (600 s): PEER_GRACE_SECONDS (5 s) for the dead node's marker that never comes, then
+    # torchrun's teardown, which took up to 11 s at load average 16 on the 2-core test machine
+    assert time.monotonic() - killed_at < 20
     for name in cluster.nodes:
         if name != "t-worker-1":
             assert cluster.status(name)["state"] == "failed"
