@@ -141,7 +141,9 @@ def test_the_dry_run_prints_what_kubectl_applies_and_run_refuses_saying_how(tmp_
     as_json = json.loads(run_cli("run", "-f", str(spec), "--dry-run", "--run-id", "run-1", "--output", "json").stdout)
     assert [request["body"] for request in as_json["requests"]] == documents
     refused = run_cli("run", "-f", str(spec))
-    assert refused.returncode == 2 and "kubectl apply -f -" in refused.stderr, refused.stderr
+    assert refused.returncode == 3 and "kubectl apply -f -" in refused.stderr, refused.stderr
+    unpushed = run_cli("run", "-f", str(k8s_spec(tmp_path, image="@image")))
+    assert unpushed.returncode == 2 and '"@image" must be pushed for the cluster to pull it' in unpushed.stderr
     assert not (launcher_home / "runs").exists()  # nothing recorded
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from launcher.backends.base import Backend, DryRun, Request
 from launcher.backends.kubernetes.objects import NODE_ENTRY, PYTHON, gpus_per_pod, workload
-from launcher.errors import BadInput
+from launcher.errors import BackendError, BadInput
 from launcher.plan import Plan
 from launcher.spec.model import KubernetesInfra, Spec
 from launcher.workdirs import scheme
 
 DEFAULT_NAMESPACE = "default"
+NOT_YET = "this version of the kubernetes backend prints the run's objects but does not submit them"
 
 
 def _infra(spec: Spec) -> KubernetesInfra:
@@ -68,6 +69,7 @@ class KubernetesBackend(Backend):
             notes.append(f"processesPerNode: {gpus} asks for {gpus} nvidia.com/gpu per pod; on nodes without GPUs set "
                          "infrastructure.spec.resources.gpus: 0")
         notes += [f"run would refuse: {problem}" for problem in self._problems(request)]
+        notes.append(f"{NOT_YET}: apply the objects below with kubectl (--output yaml prints them alone)")
         return replace(request, notes=request.notes + tuple(notes))
 
     def manifest(self, request: DryRun) -> str:
@@ -78,13 +80,13 @@ class KubernetesBackend(Backend):
     @staticmethod
     def _problems(request: DryRun) -> list[str]:
         plan = request.plan
-        problems = []
         if plan.image and plan.nodes[0].image == plan.image.tag:
-            problems.append('"@image" must be pushed for the cluster to pull it: launcher build -f SPEC --tag '
-                            "REGISTRY/REPOSITORY:TAG --push")
-        problems.append("this version prints the run's objects but does not submit them: apply them with "
-                        "launcher run -f SPEC --dry-run --output yaml | kubectl apply -f -")
-        return problems
+            return ['"@image" must be pushed for the cluster to pull it: launcher build -f SPEC --tag '
+                    "REGISTRY/REPOSITORY:TAG --push"]
+        return []
 
     def check(self, dryrun: DryRun) -> list[str]:
-        raise BadInput("\n".join(self._problems(dryrun)))
+        problems = self._problems(dryrun)
+        if problems:
+            raise BadInput("\n".join(problems))
+        raise BackendError(f"{NOT_YET}: launcher run -f SPEC --dry-run --output yaml | kubectl apply -f -")
