@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from launcher.node.childproc import die_with_parent
+
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -39,7 +41,8 @@ class MotoServer:
         executable = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
         self.port = free_port()
         self.proc = subprocess.Popen([executable, "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=die_with_parent())  # gone with a session killed before teardown
         wait_until_listening(self.port)
         self.endpoint = f"http://127.0.0.1:{self.port}"
 

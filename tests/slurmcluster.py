@@ -20,6 +20,8 @@ import pytest
 
 from conftest import require
 
+from launcher.node.childproc import die_with_parent
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 START_SECONDS = 60
 
@@ -96,8 +98,10 @@ PartitionName=debug Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE St
 
     def _start(self, argv: list[str], log: str) -> None:
         with open(self.root / "log" / log, "ab") as out:
+            # a test session killed before its teardown (a CI timeout, a Ctrl-C) takes the daemons with it
             self.processes.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                                   env={**os.environ, **self.env}, start_new_session=True))
+                                                   env={**os.environ, **self.env}, start_new_session=True,
+                                                   preexec_fn=die_with_parent()))
 
     def start(self) -> "SlurmCluster":
         munge = self.root / "munge"
