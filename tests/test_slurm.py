@@ -400,6 +400,7 @@ def test_a_job_past_its_time_limit_is_retried_whole_as_a_new_job_that_resumes_fr
                      r"restart 1 of 1", timeout=180)
     code, output = watcher.finish(timeout=180)
     assert code == 0, output
+    assert "exit code None" not in output  # the nodes say Slurm ended the job, not that a node failed
     saved = max(int(step) for step in re.findall(rf"saved step (\d+)", output))
     resumed = re.findall(rf"rank (\d) starts at step (\d+) in {run_id}\.2", output)
     assert sorted(rank for rank, _ in resumed) == ["0", "1"] and all(int(step) > 0 for _, step in resumed), output

@@ -89,6 +89,8 @@ class ControlWatch:
         for name in names:
             if name.startswith("failed.") and name != f"failed.{self.node}.json":
                 peer = self.run.get_record(f"{CONTROL_PREFIX}/{name}")
+                if peer.get("reported_by"):  # the engine ended the run (Slurm's time limit): its words
+                    return StopRequest("failed", f"stopped: {peer.get('reason')}")
                 return StopRequest("failed", f"stopped because {node_label(peer.get('node', name))} "
                                    f"failed with exit code {peer.get('exit_code')}")
         if leave_key(self.node).rsplit("/", 1)[1] in names:

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from launcher.backends.base import NodeFate
+from launcher.interrupts import held_interrupts
 from launcher.runs import attempts
 from launcher.runs.attempts import Attempt
 
@@ -153,14 +154,18 @@ def _start(top: WorkDir, engine: AttemptEngine, info: RunInfo, attempt: Attempt,
     if not top.create(claim, json.dumps({"at": time.time()}).encode()) and \
             time.time() - float(top.get_record(claim).get("at") or 0.0) < CLAIM_STALE_SECONDS:
         return attempt  # another command is starting it
-    started = engine.start(info, attempt)
-    if started.units and _cancelled(before, attempt.url):  # cancelled while it was being started
-        from launcher.node.control import request_cancel
-        from launcher.runs.preflight import reading_work_dir
+    with held_interrupts() as interrupted:  # a Ctrl-C to the command that follows waits until the start is recorded
+        started = engine.start(info, attempt)
+        if started.units and _cancelled(before, attempt.url):  # cancelled while it was being started
+            from launcher.node.control import request_cancel
+            from launcher.runs.preflight import reading_work_dir
 
-        request_cancel(reading_work_dir(attempt.url), "the run was cancelled while this attempt started")
-        engine.stop(info, started)
-    return _recorded(top, started)
+            request_cancel(reading_work_dir(attempt.url), "the run was cancelled while this attempt started")
+            engine.stop(info, started)
+        recorded = _recorded(top, started)
+    if interrupted:
+        raise KeyboardInterrupt
+    return recorded
 
 
 def _cancelled(*urls: str) -> bool:

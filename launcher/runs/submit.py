@@ -8,13 +8,12 @@ during submission then stops everything that was started, and the run stays visi
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import time
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from launcher.backends.base import Backend, DryRun
 from launcher.errors import BadInput
+from launcher.interrupts import held_interrupts
 from launcher.plan import Plan
 from launcher.runs import state
 from launcher.runs.preflight import check_work_dir
@@ -22,19 +21,6 @@ from launcher.secrets_mask import mask
 from launcher.wording import plural
 
 INTERRUPT_GRACE_SECONDS = 10.0
-
-
-@contextlib.contextmanager
-def held_interrupts() -> Iterator[list[int]]:
-    """Hold SIGINT/SIGTERM back for the duration; yields the list of signals that arrived."""
-    arrived: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: arrived.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield arrived
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def new_run_info(backend: Backend, plan: Plan) -> state.RunInfo:

@@ -353,8 +353,13 @@ class SlurmBackend(Backend):
             return None
 
     def engine_state(self, info: RunInfo) -> str | None:
+        from launcher.runs.attempts import CURRENT
+
         if not info.backend_ids.get("job_id"):
             return None
+        now = info.backend_ids.get(CURRENT)
+        if now is not None and not now.get("units"):  # not the attempt before's line: that job has no say now
+            return f"attempt {now['number']}: its Slurm job is submitted once every job of the attempt before has ended"
         scope = self.scope(info)
         units, _ = self._current_jobs(scope)
         jobs = self._jobs(set(units.values()))

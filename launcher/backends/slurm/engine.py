@@ -51,7 +51,10 @@ class Job:
 
     @property
     def past_time_limit(self) -> bool:
-        return bool(self.time_limit and self.start_time and time.time() >= self.start_time + self.time_limit)
+        """Past its time limit and being ended: Slurm acts on its own clock, never launcher's (a job still RUNNING
+        a moment after the limit by this machine's clock is still Slurm's to end, or to let a cancel win)."""
+        return bool(self.time_limit and self.start_time and time.time() >= self.start_time + self.time_limit) \
+            and self.state not in ("RUNNING", "COMPLETED")
 
     @property
     def ended_by_slurm(self) -> bool:
