@@ -260,6 +260,7 @@ def test_the_periodic_sync_runs_beside_supervision_and_reports_at_its_next_call(
     assert sync.sync() == 0  # waits for the background one, which uploaded the file
     sync._background.join(60)  # and has ended by now, or is about to
     assert sync.sync_in_background() == 1 and sync.unsynced() == []
+    sync._background.join(60)  # the sync that call started, with nothing to upload, has ended
 
     def full(handle, path):
         raise OSError(28, "No space left on device")
