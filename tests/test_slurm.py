@@ -412,6 +412,11 @@ def test_a_job_past_its_time_limit_is_retried_whole_as_a_new_job_that_resumes_fr
     shown = slurm.command("scontrol", "-o", "show", "job", second).stdout
     assert f"JobName=launcher:{run_id}.2 " in shown and "NumNodes=2" in shown and "JobState=COMPLETED" in shown, shown
     assert json.loads(run_cli("status", second, "--json").stdout)["run_id"] == run_id  # RUN: any job of the run
+    watched = run_cli("watch", run_id, "--no-follow").stdout  # every attempt's lines, each attempt's end between
+    first_lines, said, second_lines = re.split(rf"^run {run_id}: (attempt 1: .*retried as attempt 2.*)$", watched,
+                                               flags=re.M)
+    assert f"starts at step 0 in {run_id}\n" in first_lines and f"in {run_id}.2" in second_lines, watched
+    assert f"Slurm ended job {first}" in said
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
 
 

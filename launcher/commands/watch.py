@@ -18,6 +18,7 @@ from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, BadInput
 from launcher.node.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
 from launcher.runs.attempts import current_url, started_line
+from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo, reread, resolve_run
 from launcher.runs.view import RunView, closing_line, not_recorded_note, open_run, read_view, record_lost
 
@@ -62,7 +63,7 @@ class LogFollower:
     """
 
     def __init__(self, info: RunInfo, out: TextIO, *, nodes: list[str] | None = None, since: float | None = None,
-                 tail: int | None = None, verbose: bool = False):
+                 tail: int | None = None, verbose: bool = False, url: str | None = None):
         unknown = sorted(set(nodes or ()) - set(info.nodes))
         if unknown:
             raise BadInput(f"no node {', '.join(unknown)} in run {info.run_id}; nodes: {', '.join(info.nodes)}")
@@ -71,7 +72,7 @@ class LogFollower:
         self.nodes = list(nodes or info.nodes)
         self.since = since
         self.tail = tail  # per node, of what is there at the first poll; later lines all print
-        self.run = open_run(info)
+        self.run = reading_work_dir(url) if url else open_run(info)  # url: an earlier attempt's namespace
         self.by_name = self.run.is_local
         self.poll_seconds = LOCAL_POLL_SECONDS if self.by_name else STORE_POLL_SECONDS
         self._cursors = {node: _Cursor() for node in self.nodes}
@@ -215,6 +216,7 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
            since: float | None = None, tail: int | None = None, keep_following: bool = True,
            verbose: bool = False, out: TextIO = sys.stdout) -> int:
     backend = backend or backend_for(info.backend, "local")
+    _earlier_attempts(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
     follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
@@ -254,6 +256,23 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
     out.write(closing_line(view) + "\n")
     out.flush()
     return EXIT_OK if view.result == "succeeded" else EXIT_RUN_FAILED
+
+
+def _earlier_attempts(info: RunInfo, out: TextIO, *, nodes: list[str] | None, since: float | None,
+                      tail: int | None, verbose: bool) -> None:
+    """A run retried whole: the logs of each attempt before the one it is in, each followed by how it ended."""
+    from launcher.runs import attempts
+
+    if not info.backend_ids.get(attempts.CURRENT):
+        return
+    records = attempts.read(reading_work_dir(info.run_url))
+    current = attempts.current_url(info)
+    for attempt, said in zip(records, attempts.history(info, records)):
+        earlier = attempts.namespace(info.run_url, info.run_id, attempt.number - 1)
+        if earlier == current:
+            break
+        LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose, url=earlier).poll(final=True)
+        out.write(f"run {info.run_id}: {said}\n")
 
 
 def watch(ref: str | None, *, nodes: list[str] | None, since: str | None, tail: int | None, follow_logs: bool,
