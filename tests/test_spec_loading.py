@@ -99,7 +99,7 @@ def test_every_problem_is_reported_in_one_pass_in_file_order(tmp_path):
             .replace("entryPoint: train.py", "entrypoint: train.py"))
     problems = problems_of(write(tmp_path, text))
     assert len(problems) == 4, problems
-    assert "spec.infrastructure.type: must be one of 'dataScienceJob', 'local', 'docker', 'slurm' (got 'locl'); " \
+    assert "spec.infrastructure.type: must be one of 'dataScienceJob', 'local', 'docker', 'slurm', 'kubernetes' (got 'locl'); " \
            "did you mean 'local'?" in problems[0]
     assert "spec.cluster.spec.worker.replicas: must be an integer from 0 to 1023 (got string 'two')" in problems[1]
     assert "spec.runtime.spec: missing required key 'entryPoint'" in problems[2]
