@@ -40,8 +40,10 @@ class Outage:
     anyway) the next request starts afresh, so that a program that reads many runs is never stuck on one outage.
     """
 
-    def __init__(self, limit: float, say: Callable[[str], None] | None = None, *, for_good: bool = True):
+    def __init__(self, limit: float, say: Callable[[str], None] | None = None, *, for_good: bool = True,
+                 source: str = DEADLINE_ENV):
         self.limit = limit
+        self.source = source  # where the limit comes from, for messages: the variable that sets it, or a fixed bound
         self.say = say
         self.for_good = for_good
         self._lock = threading.Lock()
@@ -59,7 +61,7 @@ class Outage:
             self._began_wall = time.time() - (time.monotonic() - request_started)
         if self.say:
             self.say(f"work dir {url} is unreachable since {self.since()} ({error}); retrying until it answers, "
-                     f"for at most {self.limit:g}s ({DEADLINE_ENV})")
+                     f"for at most {self.limit:g}s ({self.source})")
 
     def answered(self, url: str) -> None:
         """A request succeeded: the outage, if there was one, is over."""
@@ -96,4 +98,4 @@ class Outage:
     def describe(self) -> str:
         """``unreachable for 120s (since 10:02:03 UTC): FSTimeoutError``."""
         return f"unreachable for {self.elapsed():.0f}s (since {self.since()}; limit {self.limit:g}s, " \
-               f"{DEADLINE_ENV}): {self.error}"
+               f"{self.source}): {self.error or 'no answer'}"

@@ -133,7 +133,8 @@ class WorkDir:
         # Once the store has been unreachable this long, across operations, this client gives up on it:
         # a stalled or vanished store ends in a clear failure within one stated time, never a hang.
         try:
-            self.outage = outage or Outage(deadline if deadline is not None else deadline_from_env())
+            self.outage = outage or (Outage(deadline, source="this step's own bound") if deadline is not None
+                                     else Outage(deadline_from_env()))
         except ValueError as exc:
             raise StoreError(f"work dir {self.url}: {exc}", permanent=True) from None
         # One request to an asynchronous store (s3fs) gives up after this long: a PUT to a store that

@@ -188,7 +188,7 @@ def test_one_outage_is_one_limit_for_every_operation_of_a_process(tmp_path, own_
     own_moto.pause()
     try:
         started = time.monotonic()
-        with pytest.raises(StoreError, match=r"unreachable for \d+s \(since .*limit 4s, LAUNCHER_STORE_DEADLINE"):
+        with pytest.raises(StoreError, match=r"unreachable for \d+s \(since .*limit 4s, this step's own bound"):
             store.put("b.json", b"{}")
         first = time.monotonic() - started
         requests = store.requests

@@ -291,9 +291,9 @@ def test_read_verbs_give_up_on_a_store_that_is_down_within_the_stated_limit(tmp_
         stalled.stop()
     for verb, (seconds, done) in ended.items():
         # Each ends in 11 to 12 s with 8 CLIs starting at once on 2 cores (the 3 s limit, or a stalled store's 10 s
-        # request timeout, and their start-up); more under heavy load. Read one by one, the 6 stalled runs of `list`
-        # take a minute.
-        assert seconds < 25, (verb, seconds)
+        # request timeout, and their start-up); up to 27 s with another test session beside them. Read one by one,
+        # the 6 stalled runs of `list` take a minute (before issue 15: 80 s for each).
+        assert seconds < 40, (verb, seconds)
         assert "Traceback" not in done.stderr and "unexpected" not in done.stderr, (verb, done.stderr)
         if verb != "list, stalled":
             assert done.returncode == 3 and done.stderr.startswith("note: work dir "), (verb, done)
