@@ -519,8 +519,9 @@ class Node:
         refused = self.status.update(state=state, reason=reason, exit_code=exit_code, **(details or {}))
         if refused is None:
             return exit_code
-        # Its parent (a supervisor) and the readers learn its end from its exit status and this console line.
-        ended = state + (f": {reason}" if reason else "")
+        # Its parent (a supervisor) and the readers learn its end from its exit status and this console line: one
+        # line, whatever lines the reason has (a cause with its frame), or the reader quotes a piece of it.
+        ended = "; ".join(part.strip() for part in (state + (f": {reason}" if reason else "")).splitlines())
         print(f"[launcher {self.settings.node}] failed to record its end in the work dir ({ended}): {refused}",
               file=sys.stderr, flush=True)
         return exit_code or EXIT_STORE
