@@ -351,7 +351,7 @@ def _protocols(fs: Any) -> tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
-def _temporary_name(path: str) -> str:
+def temporary_name(path: str) -> str:
     """A hidden sibling: listings skip names starting with a dot, so readers never see partial files."""
     head, tail = os.path.split(path)
     return os.path.join(head, f".{tail}.{uuid.uuid4().hex}.tmp")
@@ -360,7 +360,7 @@ def _temporary_name(path: str) -> str:
 def _write_temporary(path: str, data: bytes) -> str:
     """``data`` in a new hidden sibling of ``path``; nothing is left behind when that fails (a full disk)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = _temporary_name(path)
+    tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as handle:
             handle.write(data)

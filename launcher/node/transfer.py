@@ -61,10 +61,10 @@ def download_file(transfers: Transfers, path: str, local_path: str) -> bool:
 def _publish(path: str, write: Callable[[BinaryIO], bool]) -> bool:
     """A new file written by ``write`` into a hidden sibling of ``path`` (listings and syncs skip dot-names), renamed
     to ``path`` if ``write`` returns True. The sibling never outlives this, also when ``write`` fails."""
-    from launcher.node.store import _temporary_name
+    from launcher.node.store import temporary_name
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = _temporary_name(path)
+    tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as target:
             written = write(target)
