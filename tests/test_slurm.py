@@ -435,6 +435,17 @@ def test_the_gpus_asked_for_follow_the_spec(tmp_path, launcher_home, cluster, in
     assert [token for token in argv if token.startswith("--gpus-per-node")] == ([requested] if requested else [])
 
 
+@pytest.mark.parametrize("limit, accepted", [(0, True), ("UNLIMITED", True), ("infinite", True), ("2-12:30", True),
+                                             ("forever", False), (-1, False)])
+def test_the_time_limit_takes_what_sbatch_takes(tmp_path, launcher_home, limit, accepted):
+    spec = on_slurm(write_spec(tmp_path, "print('x')\n", nodes=2), time=limit)
+    dry = run_cli("run", "-f", str(spec), "--dry-run", "--output", "json", cwd=tmp_path)
+    if accepted:
+        assert f"--time={limit}" in json.loads(dry.stdout)["requests"][0]["body"]["argv"], dry.stderr
+    else:
+        assert dry.returncode == 2 and "must be a Slurm time limit" in dry.stderr, dry.stderr
+
+
 def test_auto_counts_the_gpus_each_slurm_node_sees(tmp_path, launcher_home, slurm, fake_gpus):
     fake_gpus(2)  # the fake nvidia-smi on PATH reaches the nodes through sbatch --export=ALL
     spec = on_slurm(write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": "auto"}))
