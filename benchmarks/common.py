@@ -5,10 +5,24 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
+import sys
 import time
+import venv
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+TORCHX_VENV = REPO / "benchmarks" / ".venv-torchx"
+
+
+def torchx_bin() -> Path:
+    """TorchX 0.7.0's command, installed into its own venv the first time (it must not change launcher's)."""
+    binary = TORCHX_VENV / "bin" / "torchx"
+    if not binary.exists():
+        print("installing torchx==0.7.0 into benchmarks/.venv-torchx ...", file=sys.stderr)
+        venv.EnvBuilder(with_pip=True).create(TORCHX_VENV)
+        subprocess.run([str(TORCHX_VENV / "bin" / "python"), "-m", "pip", "install", "-q", "torchx==0.7.0"],
+                       check=True)
+    return binary
 
 
 def timed_process(argv: list[str], **kwargs) -> tuple[float, float, int]:

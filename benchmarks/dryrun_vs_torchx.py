@@ -12,26 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import venv
 from pathlib import Path
 
-from common import REPO, median, timed_process
-
-TORCHX_VENV = REPO / "benchmarks" / ".venv-torchx"
-
-
-def torchx_bin() -> Path:
-    binary = TORCHX_VENV / "bin" / "torchx"
-    if not binary.exists():
-        print("installing torchx==0.7.0 into benchmarks/.venv-torchx ...", file=sys.stderr)
-        venv.EnvBuilder(with_pip=True).create(TORCHX_VENV)
-        subprocess.run([str(TORCHX_VENV / "bin" / "python"), "-m", "pip", "install", "-q", "torchx==0.7.0"],
-                       check=True)
-    return binary
-
+from common import REPO, median, timed_process, torchx_bin
 
 def main() -> None:
     parser = argparse.ArgumentParser()

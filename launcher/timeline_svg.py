@@ -25,12 +25,14 @@ LANE = 26
 GAP = 8
 STATE_COLOURS = {
     tl.STARTING: "#a0a0a0", tl.WAITING: "#f1c232", tl.PREPARING: "#b07aa1", tl.LAUNCHING: "#4e79a7",
-    tl.TRAINING: "#59a14f", tl.STOPPING: "#9c755f", tl.SYNCING: "#76b7b2", tl.RECORDING: "#d4a6c8",
+    tl.TRAINING: "#59a14f", tl.STOPPING: "#9c755f", tl.ENDING: "#e15759", tl.SYNCING: "#76b7b2",
+    tl.RECORDING: "#d4a6c8",
 }
 STATE_WORDS = {
     tl.STARTING: "starting (process to registration)", tl.WAITING: "waiting for the decision",
     tl.PREPARING: "restoring outputs", tl.LAUNCHING: "torchrun to first line",
-    tl.TRAINING: "training (first to last line)", tl.STOPPING: "last line to torchrun's exit",
+    tl.TRAINING: "training (first to last line)", tl.STOPPING: "last line to the processes' exit",
+    tl.ENDING: "processes' exit to torchrun's",
     tl.SYNCING: "syncing outputs", tl.RECORDING: "recording the end",
 }
 # marks: phase -> (colour, shape), drawn in the lane of their node, or across every lane for the run's own

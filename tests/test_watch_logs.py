@@ -78,6 +78,26 @@ def test_the_pipes_carry_the_rank_torchrun_gave_and_both_streams_in_order(tmp_pa
     assert (rank_logs.global_rank(0), rank_logs.global_rank(1)) == (5, 2)
 
 
+def test_lines_of_a_process_that_ended_before_the_node_found_its_pipe_survive_torchruns_end(tmp_path):
+    """What waits in a pipe is gone once nobody holds it open: torchrun, holding it, ends only after the node has
+    it open, even when the process wrote and ended before the node first looked (the node ships its rank-exit)."""
+    from launcher.node import rankpipes
+
+    envs = {0: {"RANK": "0", "TORCHELASTIC_RUN_ID": "r", "TORCHELASTIC_RESTART_COUNT": "0"}}
+    specs = rankpipes.RankPipes(str(tmp_path / "logs"))
+    places = specs.reify(envs)
+    with open(places.stdouts[0], "w") as out:  # the process writes and ends before any reader exists
+        out.write("said before the node looked\n")
+    shipper, exits = _Lines(), []
+    rank_logs = RankLogs(str(tmp_path / "logs"), shipper, io.BytesIO(),
+                         exited=lambda rank, at: exits.append(rank)).start()
+    rankpipes.await_readers(10)
+    specs._release()  # torchrun ends: its hold on the pipe goes
+    rank_logs.close()
+    assert shipper.lines == [("out", "said before the node looked", 0)]
+    assert exits == [0]
+
+
 class _Lines:
     """A shipper that keeps what it is given."""
 

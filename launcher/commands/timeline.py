@@ -74,7 +74,7 @@ def table_rows(found: tl.Timeline) -> list[list[str]]:
     for event in found.events:
         row = cells.setdefault(row_label(found, event), {})
         column = event.node or RUN_COLUMN
-        keep_latest = event.phase == node_events.LAST_LINE
+        keep_latest = event.phase in tl.LATEST_OF_RANKS
         if column not in row or keep_latest:
             row[column] = event.at
     ordered = sorted(cells.items(), key=lambda item: min(item[1].values()))

@@ -16,7 +16,9 @@ from typing import Iterable, Iterator, TextIO
 from launcher.backends import backend_for
 from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, BadInput
+from launcher.node.control import CONTROL_PREFIX
 from launcher.node.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
+from launcher.node.status import STATUS_PREFIX
 from launcher.runs.attempts import current_url, started_line
 from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo, reread, resolve_run
@@ -25,6 +27,7 @@ from launcher.runs.view import RunView, closing_line, not_recorded_note, open_ru
 LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per node
 STORE_POLL_SECONDS = 0.25  # object stores: one LIST per poll
 VIEW_SECONDS = 0.25  # the run's state: statuses, markers, the backend's processes
+VIEW_PREFIXES = (STATUS_PREFIX, CONTROL_PREFIX)  # a local work dir's records that change the view when written
 COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92)
 TAGS = {"node": "[launcher]", "torchrun": "[torchrun]"}
 
@@ -223,7 +226,11 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
     engine_said: str | None = None
     unwritable = False  # the work dir refused the lost nodes' records once: they are derived, not tried again
     next_view = 0.0
+    stamp = None
     while True:
+        now_stamp = follower.run.local_stamp(VIEW_PREFIXES)
+        if now_stamp != stamp:  # a node's status or a marker was written: the run's end is seen at once
+            stamp, next_view = now_stamp, 0.0
         if time.monotonic() >= next_view:
             recorded = reread(info)  # `launcher scale` may have added nodes since
             if len(recorded.nodes) > len(info.nodes):

@@ -36,9 +36,10 @@ RESTORED = "restored"  # it restored the newest outputs (checkpoints) before tra
 TORCHRUN = "torchrun"  # torchrun started
 FIRST_LINE = "first-line"  # a training process (``rank``) wrote its first line
 LAST_LINE = "last-line"  # a training process's last line (recorded once torchrun exited)
+RANK_EXITED = "rank-exited"  # a training process ended (``rank``): its output pipe closed
 EXITED = "exited"  # torchrun exited (``code``): training ended, or the node stopped it
 SYNCED = "synced"  # the node's final outputs sync ended (``failed``: whether it failed)
-NODE_PHASES = (STARTED, REGISTERED, DECIDED, RESTORED, TORCHRUN, FIRST_LINE, LAST_LINE, EXITED, SYNCED)
+NODE_PHASES = (STARTED, REGISTERED, DECIDED, RESTORED, TORCHRUN, FIRST_LINE, LAST_LINE, RANK_EXITED, EXITED, SYNCED)
 
 
 def batch_key(node: str, incarnation: int, seq: int) -> str:
@@ -90,6 +91,10 @@ class EventLog:
     def first_line(self, round_number: int | None):
         """A callback for :class:`launcher.node.ranklogs.RankLogs`: a rank's first line in this round."""
         return lambda rank, at: self.record(FIRST_LINE, at=at, round=round_number, rank=rank)
+
+    def rank_exited(self, round_number: int | None):
+        """A callback for :class:`launcher.node.ranklogs.RankLogs`: a rank's process ended in this round."""
+        return lambda rank, at: self.record(RANK_EXITED, at=at, round=round_number, rank=rank)
 
     def training_ended(self, round_number: int | None, code: int, last_lines: dict[int, float]) -> None:
         """torchrun exited with ``code``; ``last_lines``: each rank's last line's time."""

@@ -286,7 +286,8 @@ class Node:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=die_with_parent())
         self.events.record(TORCHRUN, round=number)
-        rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, self.events.first_line(number)).start()
+        rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, self.events.first_line(number),
+                             self.events.rank_exited(number)).start()
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
         reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)

@@ -25,6 +25,7 @@ from typing import IO, Callable
 from launcher.node.logship import LogShipper
 
 PIPE_PREFIX = "output-of-rank-"
+READING_PREFIX = "node-reads-rank-"
 DISCOVER_SECONDS = 0.1  # how often to look for the pipes of processes torchrun (re)started
 PROGRESS_EVERY_SECONDS = 1.0
 TAIL_LINES = 200  # per rank, for the cause of a failure: a deep traceback keeps its user frames
@@ -34,6 +35,13 @@ READ_BYTES = 1 << 20
 def output_pipe(rank_dir: str, rank: int | str) -> str:
     """The pipe a training process writes its stdout and stderr to; ``rank_dir`` is torchrun's per-process dir."""
     return os.path.join(rank_dir, f"{PIPE_PREFIX}{rank}")
+
+
+def reading_marker(pipe_path: str) -> str:
+    """Made by the node once it has the pipe open: what is in a pipe nobody holds open any more is gone, so
+    torchrun, which holds it until then, must not end before this exists (:func:`launcher.node.rankpipes.await_readers`)."""
+    directory, name = os.path.split(pipe_path)
+    return os.path.join(directory, READING_PREFIX + name.removeprefix(PIPE_PREFIX))
 
 
 @dataclass
@@ -46,10 +54,13 @@ class _Pipe:
 
 class RankLogs:
     def __init__(self, log_dir: str, shipper: LogShipper, console: IO[bytes],
-                 first_line: Callable[[int, float], None] | None = None):
-        """``first_line(rank, time)`` is called, on the reading thread, when a global rank's first output arrives."""
+                 first_line: Callable[[int, float], None] | None = None,
+                 exited: Callable[[int, float], None] | None = None):
+        """Called on the reading thread: ``first_line(rank, time)`` when a global rank's first output arrives,
+        ``exited(rank, time)`` when its pipe ends (every writer closed it: the process and its children ended)."""
         self.log_dir = Path(log_dir)
         self.first_line = first_line
+        self.exited = exited
         self.shipper = shipper
         self.console = console
         # Per local rank, its last lines, stdout and stderr as they were interleaved.
@@ -102,6 +113,10 @@ class RankLogs:
             except OSError:  # removed meanwhile with its attempt's directory: nothing to read
                 continue
             self._opened.add(path)
+            try:
+                open(reading_marker(str(path)), "x").close()
+            except OSError:  # its attempt's directory is gone: torchrun has moved on
+                pass
             pipe = _Pipe(fd, int(path.parent.name), int(path.name.removeprefix(PIPE_PREFIX)))
             self._ranks[pipe.local_rank] = pipe.rank
             self._selector.register(pipe.fd, selectors.EVENT_READ, pipe)
@@ -114,6 +129,8 @@ class RankLogs:
             return False
         if not block:  # every writer has closed it
             self._end(pipe)
+            if self.exited is not None:
+                self.exited(pipe.rank, time.time())
             return False
         self._echo(block)
         lines = (pipe.pending + block).split(b"\n")

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from typing import Any, Callable
 
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest
 
-from launcher.node.ranklogs import output_pipe
+from launcher.node.ranklogs import output_pipe, reading_marker
 
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 PIPE_BYTES = 1 << 20  # a burst waits less on the reader; Linux's default limit for unprivileged processes
@@ -36,6 +37,7 @@ class RankPipes(DefaultLogsSpecs):
             path = output_pipe(os.path.dirname(error_file), envs[local_rank]["RANK"])
             os.mkfifo(path)
             self._held.append(_hold(path))
+            _HELD_PATHS.append(path)
             destinations.stdouts[local_rank] = destinations.stderrs[local_rank] = path
         destinations.tee_stdouts.clear()
         destinations.tee_stderrs.clear()
@@ -46,6 +48,21 @@ class RankPipes(DefaultLogsSpecs):
         for fd in self._held:
             os.close(fd)
         self._held.clear()
+
+
+_HELD_PATHS: list[str] = []  # every pipe this torchrun made, of every attempt
+
+
+def await_readers(seconds: float) -> None:
+    """Wait (at most ``seconds``) until the node has opened every pipe: a process that wrote its lines and
+    ended before the node found its pipe leaves them in the pipe, and they are lost once torchrun, the last
+    to hold it open, ends."""
+    deadline = time.monotonic() + seconds
+    waiting = [path for path in _HELD_PATHS if os.path.exists(path)]
+    while waiting and time.monotonic() < deadline:
+        waiting = [path for path in waiting if not os.path.exists(reading_marker(path))]
+        if waiting:
+            time.sleep(0.01)  # the node looks for new pipes every 0.1 s: a few rounds at most
 
 
 def _hold(path: str) -> int:

@@ -49,7 +49,8 @@ LABELS = {
     node_events.STARTED: "process started", node_events.REGISTERED: "registered",
     node_events.DECIDED: "rank learned", node_events.RESTORED: "outputs restored",
     node_events.TORCHRUN: "torchrun started", node_events.FIRST_LINE: "first training line",
-    node_events.LAST_LINE: "last training line", node_events.EXITED: "torchrun exited",
+    node_events.LAST_LINE: "last training line", node_events.RANK_EXITED: "training processes exited",
+    node_events.EXITED: "torchrun exited",
     node_events.SYNCED: "outputs synced",
 }
 
@@ -312,14 +313,17 @@ WAITING = "waiting"  # registered -> rank learned: the rendezvous (or a membersh
 PREPARING = "preparing"  # rank learned -> torchrun started: restoring outputs (checkpoints)
 LAUNCHING = "launching"  # torchrun started -> first training line: torchrun, interpreters, import torch, the script
 TRAINING = "training"  # first training line -> last training line (the node's earliest and latest rank)
-STOPPING = "stopping"  # last training line -> torchrun exited: processes ending, torchrun's exit barrier
+STOPPING = "stopping"  # last training line -> training processes exited: the script's own end, the interpreter's
+ENDING = "ending"  # training processes exited -> torchrun exited: torchrun noticing, its exit barrier, its exit
 SYNCING = "syncing"  # torchrun exited -> outputs synced (between rounds: -> registered in the next)
 RECORDING = "recording"  # outputs synced -> final status recorded: the last log chunk, the status
-STATES = (STARTING, WAITING, PREPARING, LAUNCHING, TRAINING, STOPPING, SYNCING, RECORDING)
+STATES = (STARTING, WAITING, PREPARING, LAUNCHING, TRAINING, STOPPING, ENDING, SYNCING, RECORDING)
 _BEGINS = {node_events.STARTED: STARTING, node_events.REGISTERED: WAITING, node_events.DECIDED: PREPARING,
            node_events.RESTORED: PREPARING, node_events.TORCHRUN: LAUNCHING, node_events.FIRST_LINE: TRAINING,
-           node_events.LAST_LINE: STOPPING, node_events.EXITED: SYNCING, node_events.SYNCED: RECORDING}
+           node_events.LAST_LINE: STOPPING, node_events.RANK_EXITED: ENDING, node_events.EXITED: SYNCING,
+           node_events.SYNCED: RECORDING}
 _ENDS = (DEATH, RECORDED)
+LATEST_OF_RANKS = (node_events.LAST_LINE, node_events.RANK_EXITED)  # a node's stands for its latest rank's
 
 
 @dataclass(frozen=True)
@@ -351,19 +355,17 @@ def segments(timeline: Timeline) -> list[Segment]:
 
 def _transitions(events: list[Event]) -> list[tuple[float, str | None]]:
     """(time, state begun) for one incarnation's events; None once it ended. A round's first training line is that
-    of its earliest rank, its last line that of its latest."""
-    first_lines: dict[int | None, float] = {}
-    last_lines: dict[int | None, float] = {}
+    of its earliest rank, its last line and its processes' exit those of its latest."""
+    earliest: dict[tuple[str, int | None], float] = {}  # (phase, round) -> the time that stands for its ranks
     for event in events:
+        key = (event.phase, event.round)
         if event.phase == node_events.FIRST_LINE:
-            first_lines[event.round] = min(event.at, first_lines.get(event.round, event.at))
-        elif event.phase == node_events.LAST_LINE:
-            last_lines[event.round] = max(event.at, last_lines.get(event.round, event.at))
+            earliest[key] = min(event.at, earliest.get(key, event.at))
+        elif event.phase in LATEST_OF_RANKS:
+            earliest[key] = max(event.at, earliest.get(key, event.at))
     chain: list[tuple[float, str | None]] = []
     for event in events:
-        if event.phase == node_events.FIRST_LINE and event.at != first_lines[event.round]:
-            continue
-        if event.phase == node_events.LAST_LINE and event.at != last_lines[event.round]:
+        if (event.phase, event.round) in earliest and event.at != earliest[(event.phase, event.round)]:
             continue
         if event.phase in _ENDS:
             chain.append((event.at, None))
