@@ -8,3 +8,10 @@ def plural(count: int, noun: str) -> str:
     if count == 1:
         return f"1 {noun}"
     return f"{count} {noun}{'es' if noun.endswith('s') else 's'}"
+
+
+def size_text(count: int) -> str:
+    """``512 B``, ``12.0 MiB``, ``1.50 GiB``: bytes as a person reads them."""
+    if count < 2**20:
+        return f"{count} B" if count < 2**10 else f"{count / 2**10:.1f} KiB"
+    return f"{count / 2**20:.1f} MiB" if count < 2**30 else f"{count / 2**30:.2f} GiB"

@@ -71,15 +71,21 @@ class MotoServer:
 
 
 class FaultyProxy:
-    """Forwards HTTP to ``upstream_port``, answering a share of requests with 503 SlowDown instead."""
+    """Forwards HTTP to ``upstream_port``, answering a share of requests with 503 SlowDown instead; records each
+    request (method, path, Range header). A slow link: ``bytes_per_second`` paces the bodies of answers;
+    ``cut_after`` bytes into the first answer with a bigger body, the connection is closed (a dropped download)."""
 
-    def __init__(self, upstream_port: int, failure_rate: float, seed: int = 0):
+    def __init__(self, upstream_port: int, failure_rate: float, seed: int = 0, *,
+                 bytes_per_second: float | None = None, cut_after: int | None = None):
         self.upstream_port = upstream_port
         self.failure_rate = failure_rate
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.forwarded = 0
         self.failed = 0
+        self.requests: list[tuple[str, str, str]] = []
+        self.bytes_per_second = bytes_per_second
+        self.cut_after = cut_after
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -95,6 +101,7 @@ class FaultyProxy:
                     fail = proxy.rng.random() < proxy.failure_rate
                     proxy.failed += fail
                     proxy.forwarded += not fail
+                    proxy.requests.append((self.command, self.path, self.headers.get("Range", "")))
                 if fail:
                     payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
                     self.send_response(503)
@@ -111,11 +118,29 @@ class FaultyProxy:
                 for key, value in response.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(key, value)
-                self.send_header("Content-Length", str(len(payload)))
+                # a HEAD's length is the object's, as the store said
+                self.send_header("Content-Length", response.getheader("Content-Length", "0") if self.command == "HEAD"
+                                 else str(len(payload)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(payload)
+                    self._send(payload)
                 upstream.close()
+
+            def _send(self, payload: bytes) -> None:
+                with proxy.lock:
+                    cut = proxy.cut_after if proxy.cut_after is not None and proxy.cut_after < len(payload) else None
+                    if cut is not None:
+                        proxy.cut_after = None  # once
+                end = len(payload) if cut is None else cut
+                step = 256 * 1024
+                for start in range(0, end, step):
+                    self.wfile.write(payload[start:min(start + step, end)])
+                    if proxy.bytes_per_second:
+                        self.wfile.flush()
+                        time.sleep(step / proxy.bytes_per_second)  # the link's pace, not a wait for an event
+                if cut is not None:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 

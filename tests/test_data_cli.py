@@ -94,7 +94,7 @@ def run_with_kills(tmp_path: Path, home: Path, work_dir: str, workers: int, *, g
 
 def assert_each_epoch_trained_once(run: WorkDir, epochs: int = EPOCHS) -> None:
     newest: dict[str, tuple[float, str]] = {}
-    for key, modified in run.find_modified("outputs").items():
+    for key, (modified, _) in run.find_stats("outputs").items():
         name = key.rsplit("/", 1)[-1]
         if re.fullmatch(r"epoch-\d+\.json", name) and modified >= newest.get(name, (0.0, ""))[0]:
             newest[name] = (modified, key)

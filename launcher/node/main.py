@@ -36,6 +36,7 @@ from launcher.node.hangwatch import HangWatch
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, node_address
 from launcher.node.ranklogs import RankLogs
+from launcher.node.restore import restore_watched
 from launcher.node.rendezvous import (Decision, RendezvousError, RendezvousStopped,
                                       RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
@@ -107,6 +108,7 @@ class Node:
         self.started = time.monotonic()
         self.stacks_dir = ""
         self.sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
+        self.ending = threading.Event()  # set by a signal: transfers under way (a restore) stop at their next chunk
 
     def say(self, message: str) -> None:
         print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
@@ -115,6 +117,7 @@ class Node:
     def _on_signal(self, signum: int, _frame: object) -> None:
         request = StopRequest("cancelled", f"received {signal_name(signum)}")
         if self.proc is None:
+            self.ending.set()
             raise Stopped(request.reason)
         self.stop_request = self.stop_request or request
 
@@ -259,7 +262,8 @@ class Node:
         sources = [WorkDir(url) for url in settings.earlier_runs] + ([self.run] if number > 0 else [])
         if not sources:
             return
-        count = outputs_mod.restore_newest(sources, self.sync)
+        count = restore_watched(lambda progress: outputs_mod.restore_newest(sources, self.sync, progress),
+                                stop=self.ending, say=self.say, stop_request=self._control_check)
         self.events.record(RESTORED, round=number, files=count)
         if count == 0 and number == 0 and settings.resume_from:
             raise NothingToResume(f"nothing to resume: {settings.resume_from}/{outputs_mod.OUTPUTS_PREFIX}/ holds "

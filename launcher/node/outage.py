@@ -5,6 +5,11 @@ with the first request that fails for a reason retrying may fix and ends with th
 that succeeds, whichever operations make them. A process gives up once the outage has lasted
 ``LAUNCHER_STORE_DEADLINE`` seconds. Counted per operation instead, a node writing its logs, its
 status and its outputs one after another waited that long for each of them (minutes in all).
+
+A request that is still waiting is heard too: one that has had no word from the store (an answer, or a chunk
+of a transfer) for ``STALL_SECONDS`` begins an outage from its last word, so that a store that accepts
+requests and never answers them is said to be unreachable long before a request times out, and a transfer
+that moves no byte for the limit ends it. A slow transfer that keeps moving bytes is no outage, however long.
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ from typing import Callable
 
 DEADLINE_ENV = "LAUNCHER_STORE_DEADLINE"
 DEFAULT_DEADLINE_SECONDS = 120.0
+# A request silent this long (or half the limit, if less) begins an outage: a store answers a small request within
+# a second, and s3fs's own read timeout (15 s) let an outage of 10 s pass unsaid.
+STALL_SECONDS = 5.0
+WATCH_PERIOD_SECONDS = 1.0  # how often waiting requests are looked at, while there are any
 
 
 def deadline_from_env() -> float:
@@ -50,15 +59,46 @@ class Outage:
         self._began: float | None = None  # time.monotonic() of the first failed request's start
         self._began_wall = 0.0
         self.error = ""  # the store's words for the latest failure
+        self.stall_after = min(STALL_SECONDS, limit / 2)
+        self._waiting: set[Request] = set()
+        self._watcher: threading.Thread | None = None
 
-    def failed(self, request_started: float, error: str, url: str) -> None:
-        """A request that began at ``request_started`` (monotonic) failed with a transient ``error``."""
+    def track(self, url: str, what: str) -> Request:
+        """A request about to be sent; ``untrack`` it once it has ended, however it ended."""
+        request = Request(self, url, what)
+        with self._lock:
+            self._waiting.add(request)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="launcher-store-watch", daemon=True)
+                self._watcher.start()
+        return request
+
+    def untrack(self, request: Request) -> None:
+        with self._lock:
+            self._waiting.discard(request)
+
+    def _watch(self) -> None:
+        """While requests wait: one silent for ``stall_after`` begins an outage from its last word."""
+        while True:
+            time.sleep(WATCH_PERIOD_SECONDS)  # a clock to look at, not an event to wait for
+            with self._lock:
+                if not self._waiting:
+                    self._watcher = None
+                    return
+                silent = min(self._waiting, key=lambda request: request.heard)
+            quiet = time.monotonic() - silent.heard
+            if quiet >= self.stall_after:
+                self.failed(silent.heard, f"no answer to {silent.what} for {quiet:.0f}s", silent.url)
+
+    def failed(self, last_heard: float, error: str, url: str) -> None:
+        """A request whose last word from the store came at ``last_heard`` (monotonic: its start, or its transfer's
+        latest chunk) failed with a transient ``error``, or is still waiting."""
         with self._lock:
             self.error = error
             if self._began is not None:
                 return
-            self._began = request_started
-            self._began_wall = time.time() - (time.monotonic() - request_started)
+            self._began = last_heard
+            self._began_wall = time.time() - (time.monotonic() - last_heard)
         if self.say:
             self.say(f"work dir {url} is unreachable since {self.since()} ({error}); retrying until it answers, "
                      f"for at most {self.limit:g}s ({self.source})")
@@ -99,3 +139,24 @@ class Outage:
         """``unreachable for 120s (since 10:02:03 UTC): FSTimeoutError``."""
         return f"unreachable for {self.elapsed():.0f}s (since {self.since()}; limit {self.limit:g}s, " \
                f"{self.source}): {self.error or 'no answer'}"
+
+
+class Request:
+    """One request in flight, as its clock sees it: when the store last gave a sign of life for it."""
+
+    def __init__(self, outage: Outage, url: str, what: str):
+        self.outage = outage
+        self.url = url
+        self.what = what
+        self.heard = time.monotonic()
+
+    def moved(self) -> None:
+        """Bytes of a transfer came or went: the store answers, whatever the outage clock said."""
+        self.heard = time.monotonic()
+        if self.outage.elapsed():
+            self.outage.answered(self.url)
+
+    def check(self) -> None:
+        """Raise once the outage this request waits through has lasted the limit: a transfer stops then."""
+        if self.outage.exhausted():
+            raise TimeoutError(f"no word from the store for {self.outage.elapsed():.0f}s")

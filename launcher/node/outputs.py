@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from launcher.node.store import WorkDir
-from launcher.node.transfer import each, raise_first_failure
+from launcher.node.transfer import Progress, each, raise_first_failure
 
 OUTPUTS_PREFIX = "outputs"
 MANIFEST = ".manifest.json"  # per node: each synced file's size and the time it was written (its mtime)
@@ -108,7 +108,7 @@ class OutputsSync:
             self._background_ended = exc
 
 
-def restore_newest(runs: Sequence[WorkDir], sync: OutputsSync) -> int:
+def restore_newest(runs: Sequence[WorkDir], sync: OutputsSync, progress: Progress | None = None) -> int:
     """Bring the newest copy of every output file any node of ``runs`` synced into this node's outputs dir.
 
     For each path the copy written last wins, by the time the file was written (each node's
@@ -116,23 +116,26 @@ def restore_newest(runs: Sequence[WorkDir], sync: OutputsSync) -> int:
     wrote reaches every node, and each rank's own files come back to whichever node now has that
     rank. Across several runs (the attempts of a run retried whole, each holding only what its own
     nodes wrote) the newest copy wins the same way. A local file as new stays. Restored files count
-    as synced: they are not uploaded again as this node's outputs, nor listed in its manifest.
+    as synced: they are not uploaded again as this node's outputs, nor listed in its manifest. ``progress`` is
+    told the bytes to restore (its total) and counts them as they come; stopped, the restore ends (Cancelled).
     """
-    newest: dict[str, tuple[float, WorkDir, str]] = {}  # path in a node's outputs -> (written at, run, key)
+    newest: dict[str, tuple[float, WorkDir, str, int]] = {}  # path in a node's outputs -> (written, run, key, size)
     for run in runs:
-        for node, written_at in _written_times(run).items():
-            for rel, written in written_at.items():
+        for node, files in _written_times(run).items():
+            for rel, (written, size) in files.items():
                 if rel not in newest or written > newest[rel][0]:
-                    newest[rel] = (written, run, f"{OUTPUTS_PREFIX}/{node}/{rel}")
+                    newest[rel] = (written, run, f"{OUTPUTS_PREFIX}/{node}/{rel}", size)
     wanted = [(rel, copy) for rel, copy in sorted(newest.items()) if not _as_new_here(sync.directory / rel, copy[0])]
+    if progress is not None:
+        progress.total = sum(size for _, (_, _, _, size) in wanted)
 
-    def download(item: tuple[str, tuple[float, WorkDir, str]]) -> bool:
-        rel, (_, run, key) = item
-        return run.download(key, str(sync.directory / rel))
+    def download(item: tuple[str, tuple[float, WorkDir, str, int]]) -> bool:
+        rel, (_, run, key, _) = item
+        return run.download(key, str(sync.directory / rel), progress)
 
     outcomes = each(download, wanted)
     count = 0
-    for (rel, (written, _, _)), outcome in zip(wanted, outcomes):
+    for (rel, (written, _, _, _)), outcome in zip(wanted, outcomes):
         if outcome is True:
             os.utime(sync.directory / rel, (written, written))  # its age is the copy's: newer local writes win later
             sync.mark_synced(rel)
@@ -145,21 +148,22 @@ def _as_new_here(target: Path, written: float) -> bool:
     return target.exists() and target.stat().st_mtime >= written
 
 
-def _written_times(run: WorkDir) -> dict[str, dict[str, float]]:
-    """node -> {file: when it was written}, from each node's manifest, else (older runs) the store's times."""
-    by_node: dict[str, dict[str, float]] = {}
-    for key, modified in run.find_modified(OUTPUTS_PREFIX).items():
+def _written_times(run: WorkDir) -> dict[str, dict[str, tuple[float, int]]]:
+    """node -> {file: (when it was written, its size)}, the time from each node's manifest, else (older runs) the
+    store's."""
+    by_node: dict[str, dict[str, tuple[float, int]]] = {}
+    for key, stat in run.find_stats(OUTPUTS_PREFIX).items():
         node, _, rel = key.partition("/")
         if rel:
-            by_node.setdefault(node, {})[rel] = modified
+            by_node.setdefault(node, {})[rel] = stat
     for node, files in by_node.items():
         manifest = run.get_record(f"{OUTPUTS_PREFIX}/{node}/{MANIFEST}")
-        for rel in files:
+        for rel, (_, size) in files.items():
             entry = manifest.get(rel)
             if isinstance(entry, list) and len(entry) == 2:
-                files[rel] = float(entry[1])
+                files[rel] = (float(entry[1]), size)
             elif manifest:  # listed by no manifest: a copy this node restored in an older version; skip it
-                files[rel] = -1.0
+                files[rel] = (-1.0, size)
     return by_node
 
 

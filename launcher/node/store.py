@@ -18,11 +18,11 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from launcher.errors import EXIT_BACKEND, LauncherError
-from launcher.node.outage import Outage, deadline_from_env
+from launcher.node.outage import Outage, Request, deadline_from_env
 from launcher.wording import plural
 
 if TYPE_CHECKING:
-    from launcher.node.transfer import Transfers
+    from launcher.node.transfer import Progress, Transfers
 
 T = TypeVar("T")
 
@@ -41,6 +41,10 @@ PERMANENT_NAMES = ("NoCredentialsError", "PartialCredentialsError", "NoRegionErr
 
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 60.0
 MIN_REQUEST_TIMEOUT_SECONDS = 1.0  # the last request of an outage that nearly reached its limit
+
+
+class Cancelled(Exception):
+    """A transfer stopped because its process is ending (the run was cancelled): never retried."""
 
 
 class StoreError(LauncherError):
@@ -188,19 +192,26 @@ class WorkDir:
     def _call(self, what: str, action: Callable[[], T], key: str | None = None) -> T:
         """``action`` until it succeeds; permanent errors at once, transient ones retried while the outage lasts
         less than its limit (and ``attempts`` allows)."""
+        return self._call_heard(what, lambda _request: action(), key)
+
+    def _call_heard(self, what: str, action: Callable[[Request], T], key: str | None = None) -> T:
+        """``_call`` for an action told of its request on the outage clock: a transfer, which says when bytes move
+        (the store's signs of life) and stops when the clock runs out."""
         for attempt in itertools.count(1):
             if self.outage.exhausted():  # given up: no request, so a process that ends does so at once
                 raise self._given_up(f"{what} not tried", key, self.outage.error)
             with self._lock:
                 self.requests += 1
-            request_started = time.monotonic()
+            request = self.outage.track(self.url, what)
             try:
-                result = action()
+                result = action(request)
+            except Cancelled:
+                raise
             except Exception as exc:
                 if is_permanent(exc):
                     raise StoreError(f"work dir {self.url}: {what} failed: {describe_error(exc)}",
                                      permanent=True, key=key, reason=short_reason(exc)) from exc
-                self.outage.failed(request_started, describe_error(exc), self.url)
+                self.outage.failed(request.heard, describe_error(exc), self.url)
                 if attempt == self.attempts or self.outage.exhausted():  # transient, but it lasted
                     raise self._given_up(f"{what} failed after {plural(attempt, 'attempt')}", key,
                                          describe_error(exc)) from exc
@@ -210,6 +221,8 @@ class WorkDir:
                 delay = self._random.uniform(0, min(self.max_delay, self.base_delay * 2 ** attempt))
                 time.sleep(max(0.0, min(delay, self.outage.remaining())))
                 continue
+            finally:
+                self.outage.untrack(request)
             self.outage.answered(self.url)
             return result
         raise AssertionError("unreachable")
@@ -293,16 +306,17 @@ class WorkDir:
 
         return self._call(f"{'find' if recursive else 'list'} {prefix}", attempt)
 
-    def find_modified(self, prefix: str) -> dict[str, float]:
-        """Every object key under ``prefix``, recursively, with the time it was last written (Unix seconds)."""
+    def find_stats(self, prefix: str) -> dict[str, tuple[float, int]]:
+        """Every object key under ``prefix``, recursively, with the time it was last written (Unix seconds) and its
+        size in bytes."""
         path = self._path(prefix).rstrip("/")
 
-        def attempt() -> dict[str, float]:
+        def attempt() -> dict[str, tuple[float, int]]:
             try:
                 found = self.fs.find(path, detail=True, **self._timeout)
             except FileNotFoundError:
                 return {}
-            return {name[len(path) + 1:]: _modified(info) for name, info in found.items()
+            return {name[len(path) + 1:]: (_modified(info), int(info.get("size") or 0)) for name, info in found.items()
                     if name.startswith(path + "/") and not name.rsplit("/", 1)[-1].startswith(".")}
 
         return self._call(f"find {prefix}", attempt)
@@ -317,21 +331,26 @@ class WorkDir:
 
         self._call("remove the run's data", attempt)
 
-    def upload(self, local_path: str, key: str) -> tuple[int, int]:
+    def upload(self, local_path: str, key: str, progress: Progress | None = None) -> tuple[int, int]:
         """Stream a file into the object ``key``, in parts where the store has them; readers see all of it or none.
+        ``progress`` counts the bytes and may stop the transfer (:class:`~launcher.node.transfer.Cancelled`).
 
         Returns the (size, mtime in ns) of the bytes uploaded: the file may have been replaced since."""
+        from launcher.node.transfer import Watch
+
         with open(local_path, "rb") as handle:
             stat = os.fstat(handle.fileno())
-            self._call(f"upload {key}", lambda: self._transfers().upload(handle, self._path(key)), key)
+            self._call_heard(f"upload {key}", lambda request: self._transfers().upload(
+                handle, self._path(key), Watch(request, progress)), key)
         return stat.st_size, stat.st_mtime_ns
 
-    def download(self, key: str, local_path: str) -> bool:
-        """Stream the object ``key`` into ``local_path``, which appears only once complete; False if absent."""
-        from launcher.node.transfer import download_file
+    def download(self, key: str, local_path: str, progress: Progress | None = None) -> bool:
+        """Stream the object ``key`` into ``local_path``, which appears only once complete; False if absent.
+        ``progress`` as for ``upload``."""
+        from launcher.node.transfer import Watch, download_file
 
-        return self._call(f"download {key}", lambda: download_file(self._transfers(), self._path(key), local_path),
-                          key)
+        return self._call_heard(f"download {key}", lambda request: download_file(
+            self._transfers(), self._path(key), local_path, Watch(request, progress)), key)
 
     def _transfers(self) -> Transfers:
         """Made on first use, once: only nodes that move files start s3transfer's threads or load the OCI SDK."""

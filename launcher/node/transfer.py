@@ -1,10 +1,15 @@
 """Whole files to and from the work dir in bounded memory, in parts and in parallel where the store has parts.
 
-S3 goes through s3transfer, the transfer code AWS keeps (what boto3's ``upload_file`` and the AWS CLI run:
-8 MiB parts, 10 requests at once, at most 10 parts in memory); OCI Object Storage through the SDK's multipart
-and ranged calls, driven here because its UploadManager and DownloadManager miss the goal (see
-``OciTransfers``); a local directory by a kernel copy (``sendfile``). Parts go several at once, a failed part
-is retried, a failed upload aborted, and ranged reads are pinned to one version of the object.
+Uploads to S3 go through s3transfer, the transfer code AWS keeps (what boto3's ``upload_file`` and the AWS CLI
+run: 8 MiB parts, 10 requests at once, at most 10 parts in memory); OCI Object Storage through the SDK's
+multipart calls, driven here because its UploadManager misses the goal (see ``OciTransfers``); a local
+directory by a kernel copy (``sendfile``). Parts go several at once, a failed part is retried, a failed upload
+aborted. Downloads from both object stores are one streamed GET per object up to SINGLE_GET_UP_TO, and at most
+RANGES_PER_OBJECT ranged GETs above (see ``ranges``), pinned to one version of the object.
+
+Every transfer is watched as it goes (``Watch``): each chunk moved is a sign of life for the store's outage
+clock (a slow transfer that moves bytes is no outage; one that moves none for the limit ends), counts in the
+caller's ``Progress``, and a transfer whose ``Progress`` is stopped ends at its next chunk (``Cancelled``).
 
 No reader ever sees part of a file: a multipart upload is invisible until it is completed, a local copy
 is written under a hidden name (listings skip dot-names) and renamed, and a download goes to a hidden
@@ -18,8 +23,11 @@ import base64
 import hashlib
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO, Callable, Protocol, Sequence, TypeVar
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import Any, BinaryIO, Callable, Iterable, Protocol, Sequence, TypeVar
+
+from launcher.node.outage import Request
+from launcher.node.store import Cancelled, temporary_name
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -27,17 +35,56 @@ R = TypeVar("R")
 FILES_AT_ONCE = 4  # files transferred in parallel by one sync or restore; each also sends parts in parallel
 OCI_PART_SIZE = 16 * 2**20  # above the service's smallest part
 OCI_PARTS_AT_ONCE = 4  # per file
+SINGLE_GET_UP_TO = 128 * 2**20  # an object up to this size comes down in one streamed GET
+RANGES_PER_OBJECT = 8  # a bigger one in this many ranged GETs, at once
+GETS_AT_ONCE = 10  # per process, over all files (botocore's connection pool holds 10)
+CHECK_SECONDS = 0.5  # how often a transfer's waiter looks at its Watch while no part ends
 OCI_PARTS_IN_MEMORY = 6  # per process: at most 96 MiB of parts read and not yet sent
 OCI_MAX_PARTS = 10_000  # Object Storage's limit per upload: bigger files get bigger parts
 COPY_CHUNK = 8 * 2**20
 STREAM_CHUNK = 2**20
 
 
+class Progress:
+    """The bytes a set of transfers (a restore) has moved, of ``total``; ``stop`` set, each ends at its next chunk."""
+
+    def __init__(self, total: int = 0, stop: threading.Event | None = None):
+        self.total = total
+        self.done = 0
+        self.stop = stop or threading.Event()
+        self._lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.done += count
+
+
+class Watch:
+    """What one transfer tells and asks as it goes: a chunk moved is a sign of life on its request's outage clock and
+    counts in ``progress``; ``check`` raises once it must end (``Cancelled``; the clock's ``TimeoutError``)."""
+
+    def __init__(self, request: Request | None = None, progress: Progress | None = None):
+        self.request = request
+        self.progress = progress
+
+    def moved(self, count: int) -> None:
+        if self.request and count > 0:
+            self.request.moved()
+        if self.progress:
+            self.progress.add(count)
+
+    def check(self) -> None:
+        if self.progress and self.progress.stop.is_set():
+            raise Cancelled("stopped: the node is ending")
+        if self.request:
+            self.request.check()
+
+
 class Transfers(Protocol):
-    def upload(self, handle: BinaryIO, path: str) -> None:
+    def upload(self, handle: BinaryIO, path: str, watch: Watch) -> None:
         """Write the file open as ``handle`` (from its start) as the object ``path``, whole or not at all."""
 
-    def download(self, path: str, target: BinaryIO) -> bool:
+    def download(self, path: str, target: BinaryIO, watch: Watch) -> bool:
         """Write the object ``path`` into ``target`` (an empty file); False if there is no such object."""
 
 
@@ -53,9 +100,9 @@ def for_store(fs: Any, *, local: bool) -> Transfers:
     raise ValueError(f"no file transfers for {protocols[0]}:// work dirs")
 
 
-def download_file(transfers: Transfers, path: str, local_path: str) -> bool:
+def download_file(transfers: Transfers, path: str, local_path: str, watch: Watch) -> bool:
     """The object ``path`` into ``local_path``, which appears once complete; False if there is no such object."""
-    return _publish(local_path, lambda target: transfers.download(path, target))
+    return _publish(local_path, lambda target: transfers.download(path, target, watch))
 
 
 def _publish(path: str, write: Callable[[BinaryIO], bool]) -> bool:
@@ -107,28 +154,66 @@ def same_file(handle: BinaryIO) -> str:
 
 
 class LocalTransfers:
-    def upload(self, handle: BinaryIO, path: str) -> None:
+    def upload(self, handle: BinaryIO, path: str, watch: Watch) -> None:
         def copy(target: BinaryIO) -> bool:
-            _copy(handle, target)
+            _copy(handle, target, watch)
             return True
 
         _publish(path, copy)
 
-    def download(self, path: str, target: BinaryIO) -> bool:
+    def download(self, path: str, target: BinaryIO, watch: Watch) -> bool:
         try:
             source = open(path, "rb")
         except FileNotFoundError:
             return False
         with source:
-            _copy(source, target)
+            _copy(source, target, watch)
         return True
 
 
-def _copy(source: BinaryIO, target: BinaryIO) -> None:
+def _copy(source: BinaryIO, target: BinaryIO, watch: Watch) -> None:
     """The whole of ``source`` into ``target`` by the kernel, a chunk at a time."""
     offset = 0
     while sent := os.sendfile(target.fileno(), source.fileno(), offset, COPY_CHUNK):
         offset += sent
+        watch.moved(sent)
+        watch.check()
+
+
+def ranges(size: int) -> list[tuple[int, int]]:
+    """The (start, end) byte ranges an object of ``size`` bytes is fetched in: one up to SINGLE_GET_UP_TO, else
+    RANGES_PER_OBJECT equal ones. Their number is bounded, not their size: a store that reads the whole object for
+    each ranged GET (moto) pays for it RANGES_PER_OBJECT times at most, where s3transfer's 8 MiB ranges made a 1 GiB
+    restore read 128 GiB there (97 s, against 2.1 s for one GET); S3 itself streams each range as fast."""
+    if size <= SINGLE_GET_UP_TO:
+        return [(0, size)] if size else []
+    part = -(-size // RANGES_PER_OBJECT)
+    return [(start, min(start + part, size)) for start in range(0, size, part)]
+
+
+def fetch_ranges(size: int, fetch: Callable[[int, int], Iterable[bytes]], target: BinaryIO, watch: Watch,
+                 slots: threading.BoundedSemaphore) -> None:
+    """``size`` bytes into ``target``, each of ``ranges(size)`` streamed into its place by ``fetch(start, end)``
+    (its chunks), several at once, each holding one of ``slots`` (the process's requests at once) while it runs."""
+    def one(bounds: tuple[int, int], abandoned: threading.Event) -> None:
+        start, end = bounds
+        with slots:
+            watch.check()
+            fd = os.dup(target.fileno())  # its own: a range still running when the waiter gave up writes nowhere else
+            try:
+                offset = start
+                for chunk in fetch(start, end):
+                    offset += os.pwrite(fd, chunk, offset)
+                    watch.moved(len(chunk))
+                    if abandoned.is_set():
+                        return
+                    watch.check()
+            finally:
+                os.close(fd)
+        if offset != end:
+            raise ConnectionError(f"the store sent {offset - start} bytes of {end - start} (bytes {start}-{end - 1})")
+
+    in_parallel(one, ranges(size), watch, RANGES_PER_OBJECT)
 
 
 class S3Transfers:
@@ -136,21 +221,49 @@ class S3Transfers:
         from s3transfer.manager import TransferConfig, TransferManager
 
         self._split = fs.split_path
+        self._client = _s3_client(fs)
         # s3transfer's defaults are boto3's upload_file's: 8 MiB parts, 10 requests, 10 parts in memory.
-        self._manager = TransferManager(_s3_client(fs), TransferConfig())
+        self._manager = TransferManager(self._client, TransferConfig())
+        self._gets = threading.BoundedSemaphore(GETS_AT_ONCE)
 
-    def upload(self, handle: BinaryIO, path: str) -> None:
+    def upload(self, handle: BinaryIO, path: str, watch: Watch) -> None:
+        from s3transfer.subscribers import BaseSubscriber
+
+        ended = threading.Event()
+
+        class Watching(BaseSubscriber):
+            def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+                watch.moved(bytes_transferred)  # negative when a part is sent again
+
+            def on_done(self, future: Any, **kwargs: Any) -> None:
+                ended.set()
+
         bucket, key, _ = self._split(path)
-        self._manager.upload(same_file(handle), bucket, key).result()
+        future = self._manager.upload(same_file(handle), bucket, key, subscribers=[Watching()])
+        try:
+            while not ended.wait(CHECK_SECONDS):
+                watch.check()
+        except BaseException:
+            future.cancel()  # s3transfer aborts the multipart upload
+            raise
+        future.result()
 
-    def download(self, path: str, target: BinaryIO) -> bool:
+    def download(self, path: str, target: BinaryIO, watch: Watch) -> bool:
         bucket, key, _ = self._split(path)
         try:
-            self._manager.download(bucket, key, target).result()  # ranged GETs pinned with IfMatch
+            head = self._client.head_object(Bucket=bucket, Key=key)
         except Exception as exc:
             if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey"):
                 return False
             raise
+
+        def fetch(start: int, end: int) -> Iterable[bytes]:
+            body = self._client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
+                                           IfMatch=head["ETag"])["Body"]
+            with body:
+                yield from body.iter_chunks(STREAM_CHUNK)
+
+        fetch_ranges(head["ContentLength"], fetch, target, watch, self._gets)
         return True
 
 
@@ -177,28 +290,32 @@ class OciTransfers:
         self._fs = fs
         self._client = fs.oci_client
         self._parts_in_memory = threading.BoundedSemaphore(OCI_PARTS_IN_MEMORY)  # over all files at once
+        self._gets = threading.BoundedSemaphore(GETS_AT_ONCE)
 
-    def upload(self, handle: BinaryIO, path: str) -> None:
+    def upload(self, handle: BinaryIO, path: str, watch: Watch) -> None:
         bucket, namespace, name = self._fs.split_path(path)
         size = os.fstat(handle.fileno()).st_size
         part_size = max(OCI_PART_SIZE, -(-size // OCI_MAX_PARTS))
         if size <= part_size:
             self._client.put_object(namespace, bucket, name, os.pread(handle.fileno(), size, 0))
+            watch.moved(size)
             return
         from oci.object_storage.models import CommitMultipartUploadDetails, CreateMultipartUploadDetails
 
         upload_id = self._client.create_multipart_upload(
             namespace, bucket, CreateMultipartUploadDetails(object=name)).data.upload_id
         try:
-            parts = _in_parallel(lambda number: self._upload_part(handle, (namespace, bucket, name, upload_id), number,
-                                                                  part_size), range(1, -(-size // part_size) + 1))
+            parts = in_parallel(lambda number, _abandoned: self._upload_part(
+                handle, (namespace, bucket, name, upload_id), number, part_size, watch),
+                range(1, -(-size // part_size) + 1), watch, OCI_PARTS_AT_ONCE)
             self._client.commit_multipart_upload(namespace, bucket, name, upload_id,
                                                  CommitMultipartUploadDetails(parts_to_commit=parts))
         except BaseException:
             self._abort(namespace, bucket, name, upload_id)
             raise
 
-    def _upload_part(self, handle: BinaryIO, upload: tuple[str, str, str, str], number: int, part_size: int) -> Any:
+    def _upload_part(self, handle: BinaryIO, upload: tuple[str, str, str, str], number: int, part_size: int,
+                     watch: Watch) -> Any:
         """Part ``number`` (from 1) read as bytes, which the SDK can send again when it retries.
 
         Not the SDK's MultipartObjectAssembler: it streams parts through a reader that its own retries cannot
@@ -206,9 +323,11 @@ class OciTransfers:
         from oci.object_storage.models import CommitMultipartUploadPartDetails
 
         with self._parts_in_memory:
+            watch.check()
             data = os.pread(handle.fileno(), part_size, (number - 1) * part_size)
             md5 = base64.b64encode(hashlib.md5(data).digest()).decode()  # the service checks the part against it
             answer = self._client.upload_part(*upload, number, data, content_md5=md5)
+            watch.moved(len(data))
         return CommitMultipartUploadPartDetails(part_num=number, etag=answer.headers["etag"])
 
     def _abort(self, namespace: str, bucket: str, name: str, upload_id: str) -> None:
@@ -218,11 +337,11 @@ class OciTransfers:
         except Exception:
             pass
 
-    def download(self, path: str, target: BinaryIO) -> bool:
-        """Ranges of the object, several at once, each streamed into its place in the file (1 MiB at a time) and
-        pinned by if-match to the version the first look found. Not the SDK's DownloadManager: it holds each whole
-        part in memory (a process restoring one file of 160 MiB peaked at 203 MiB with it, 66 MiB with this), and
-        several files at once multiply that."""
+    def download(self, path: str, target: BinaryIO, watch: Watch) -> bool:
+        """The object's ranges (``ranges``), each streamed into its place in the file (1 MiB at a time) and pinned
+        by if-match to the version the first look found. Not the SDK's DownloadManager: it holds each whole part in
+        memory (a process restoring one file of 160 MiB peaked at 203 MiB with it, 66 MiB with streamed ranges),
+        and several files at once multiply that."""
         bucket, namespace, name = self._fs.split_path(path)
         try:
             head = self._client.head_object(namespace, bucket, name)
@@ -230,27 +349,33 @@ class OciTransfers:
             if getattr(exc, "status", None) == 404:
                 return False
             raise
-        size, etag = int(head.headers["content-length"]), head.headers["etag"]
-        _in_parallel(lambda start: self._download_range((namespace, bucket, name), etag, start,
-                                                        min(start + OCI_PART_SIZE, size), target.fileno()),
-                     range(0, size, OCI_PART_SIZE))
+
+        def fetch(start: int, end: int) -> Iterable[bytes]:
+            answer = self._client.get_object(namespace, bucket, name, range=f"bytes={start}-{end - 1}",
+                                             if_match=head.headers["etag"])
+            return answer.data.iter_content(chunk_size=STREAM_CHUNK)
+
+        fetch_ranges(int(head.headers["content-length"]), fetch, target, watch, self._gets)
         return True
 
-    def _download_range(self, location: tuple[str, str, str], etag: str, start: int, end: int, fd: int) -> None:
-        answer = self._client.get_object(*location, range=f"bytes={start}-{end - 1}", if_match=etag)
-        offset = start
-        for chunk in answer.data.iter_content(chunk_size=STREAM_CHUNK):
-            offset += os.pwrite(fd, chunk, offset)
-        if offset != end:
-            raise ConnectionError(f"got {offset - start} bytes of {end - start} from {location[2]}")
 
-
-def _in_parallel(action: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    """``action`` on every item, OCI_PARTS_AT_ONCE at a time; the first failure cancels what has not begun."""
-    with ThreadPoolExecutor(OCI_PARTS_AT_ONCE, thread_name_prefix="launcher-part") as pool:
-        futures = [pool.submit(action, item) for item in items]
-        try:
-            return [future.result() for future in futures]
-        except BaseException:
-            pool.shutdown(cancel_futures=True)
-            raise
+def in_parallel(action: Callable[[T, threading.Event], R], items: Iterable[T], watch: Watch, at_once: int) -> list[R]:
+    """``action(item, abandoned)`` on every item, ``at_once`` at a time, each result in order; meanwhile the waiter
+    checks ``watch``. On the first failure (or the watch's) what has not begun is cancelled, ``abandoned`` is set for
+    what runs (it ends at its next chunk), and the error is raised at once, not after them."""
+    abandoned = threading.Event()
+    pool = ThreadPoolExecutor(at_once, thread_name_prefix="launcher-part")
+    futures: list[Future[R]] = [pool.submit(action, item, abandoned) for item in items]
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=CHECK_SECONDS, return_when=FIRST_EXCEPTION)
+            for future in done:
+                future.result()  # raises the part's error
+            watch.check()
+        return [future.result() for future in futures]
+    except BaseException:
+        abandoned.set()
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

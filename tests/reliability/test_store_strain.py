@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -216,6 +217,65 @@ def test_an_outage_shorter_than_the_limit_is_ridden_out_and_said_once(own_moto):
         own_moto.resume()
     assert store.get("a.json") == b"{}"
     assert len(said) == 2 and "is unreachable since" in said[0] and "answers again" in said[1], said
+
+
+def test_a_request_the_store_never_answers_is_said_unreachable_while_it_waits(own_moto):
+    """P1 (issue 28): a request to a store that accepts it and never answers (paused) said nothing until it timed out
+    (60 s for a node), so an outage shorter than that was never said. Now a request silent for half the limit (at
+    most 5 s) begins the outage, said while that same request still waits; it is said to end when it is answered."""
+    from launcher.node.outage import Outage
+
+    said: list[str] = []
+    heard = threading.Event()
+
+    def say(line: str) -> None:
+        said.append(line)
+        heard.set()
+
+    store = WorkDir("s3://strain/runs/r4", fresh_instance=True, request_timeout=60, outage=Outage(30, say))
+    _warm_up(store)
+    own_moto.pause()
+    try:
+        writer = threading.Thread(target=store.put, args=("b.json", b"{}"))
+        writer.start()
+        assert heard.wait(60), "nothing said while the request waited"
+    finally:
+        own_moto.resume()
+    writer.join(60)
+    assert store.get("b.json") == b"{}" and store.retries == 0  # said while its first request waited, not after it
+    assert len(said) == 2 and re.search(r"is unreachable since .*no answer to put b\.json for \d+s", said[0]), said
+    assert "answers again" in said[1], said
+
+
+SHORT_OUTAGE_SECONDS = 12.0
+
+
+def test_a_node_says_a_short_outage_in_its_log(tmp_path, launcher_home, own_moto):
+    """P1 (issue 28): a node that trained through an outage shorter than its requests' read timeout never said the
+    work dir was unreachable; now its log says when it stopped answering (a request silent for 5 s) and when it
+    answered again."""
+    spec, release = _stepping_spec(tmp_path, "s3://strain/runs")
+    live = LiveCli(["run", "-f", str(spec)], _env(launcher_home, LAUNCHER_STORE_DEADLINE="60"), cwd=tmp_path)
+    try:
+        live.wait_for(r"\] step 3\b")
+        console = launcher_home / "runs" / run_id_from("\n".join(live.lines)) / "nodes" / "t-main.log"
+        own_moto.pause()
+        try:  # shorter than s3fs's read timeout (15 s), which was the only thing that made a node say it
+            deadline = time.monotonic() + SHORT_OUTAGE_SECONDS
+            while not (said := "is unreachable since" in console.read_text()) and time.monotonic() < deadline:
+                time.sleep(0.2)  # the node's console is a file: look at it again
+        finally:
+            own_moto.resume()
+        assert said, console.read_text()
+        live.wait_for(r"\[t-main *\] \[launcher\] work dir .* answers again, after \d+s unreachable")
+        release.touch()
+        code, out = live.finish(timeout=180)
+    finally:
+        release.touch()
+        if live.proc.poll() is None:
+            live.proc.kill()
+    assert code == 0, out
+    assert re.search(r"\[t-main *\] \[launcher\] work dir .* is unreachable since .*no answer to", out), out
 
 
 def test_a_permanent_error_ends_a_read_at_once_however_long_the_limit(tmp_path, launcher_home, own_moto):
