@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 from launcher.errors import EXIT_BACKEND, EXIT_OK, BadInput, LauncherError
-from launcher.runs.preflight import reading_work_dir
+from launcher.node.outage import Outage
+from launcher.node.store import WorkDir
+from launcher.runs.attempts import current_url
+from launcher.runs.preflight import QUICK_DEADLINE_SECONDS, quick_work_dir, reading_work_dir
 from launcher.runs.state import RunInfo, all_runs, resolve_run
-from launcher.runs.view import open_run, read_view
+from launcher.runs.view import read_view
 from launcher.spec.model import parse_duration
 from launcher.wording import plural
 
@@ -35,9 +39,10 @@ def clean(older_than: str, *, work_dir: bool, dry_run: bool, runs: list[str] | N
     verb = "would remove" if dry_run else "removed"
     removed = kept = 0
     failed = False
+    readers = _Readers()
     for info in chosen:
         try:
-            view = read_view(info)
+            view = read_view(info, readers.of(info))
             if not view.ended:
                 print(f"kept {info.run_id}: it is {view.result}")
                 kept += 1
@@ -48,7 +53,7 @@ def clean(older_than: str, *, work_dir: bool, dry_run: bool, runs: list[str] | N
                 failed, kept = True, kept + 1
                 continue
         try:
-            unsynced = [] if force else unsynced_outputs(info)
+            unsynced = [] if force else unsynced_outputs(info, readers.of(info))
         except LauncherError as exc:
             print(f"kept {info.run_id}: cannot check that its outputs in {temporary_outputs(info)} reached its work "
                   f"dir ({exc}); add --force to delete them anyway")
@@ -96,9 +101,24 @@ def temporary_outputs(info: RunInfo) -> Path:
     return Path(tempfile.gettempdir()) / "launcher" / info.run_id
 
 
-def unsynced_outputs(info: RunInfo) -> list[str]:
+class _Readers:
+    """The work dirs clean reads, each store on one clock of QUICK_DEADLINE_SECONDS for the whole command: a dead
+    store is given that once, and each other run on it is told at once that it cannot be read (it waited out
+    LAUNCHER_STORE_DEADLINE for every run, a --dry-run too)."""
+
+    def __init__(self) -> None:
+        self._clocks: dict[str, Outage] = {}
+
+    def of(self, info: RunInfo) -> WorkDir:
+        clock = self._clocks.setdefault(info.work_dir.rstrip("/"), Outage(
+            QUICK_DEADLINE_SECONDS, say=lambda message: print(f"note: {message}", file=sys.stderr, flush=True),
+            source="clean's own bound"))
+        return quick_work_dir(current_url(info), attempts=None, outage=clock)
+
+
+def unsynced_outputs(info: RunInfo, run: WorkDir) -> list[str]:
     """The temporary output files (``node/path``) newer than every write of that path a node's manifest in the
-    work dir lists as synced. Raises LauncherError when the work dir cannot be read."""
+    work dir (``run``) lists as synced. Raises LauncherError when the work dir cannot be read."""
     from launcher.node.outputs import MANIFEST, OUTPUTS_PREFIX
 
     local: dict[str, float] = {}
@@ -109,7 +129,6 @@ def unsynced_outputs(info: RunInfo) -> list[str]:
                 local[f"{node_dir.parent.name}/{rel.as_posix()}"] = path.stat().st_mtime
     if not local:
         return []
-    run = open_run(info)
     written: dict[str, float] = {}  # path in a node's outputs -> the newest write any node synced of it
     for node in run.list(OUTPUTS_PREFIX):
         for rel, entry in run.get_record(f"{OUTPUTS_PREFIX}/{node}/{MANIFEST}").items():

@@ -295,6 +295,28 @@ def test_a_permanent_error_ends_a_read_at_once_however_long_the_limit(tmp_path, 
     assert "unreachable" not in done.stderr, done.stderr
 
 
+def test_clean_gives_a_dead_store_one_short_bound_and_says_what_it_cannot_read(tmp_path, launcher_home, own_moto):
+    """P5 (issue 28): `launcher clean --dry-run` waited out LAUNCHER_STORE_DEADLINE for every run on a dead store.
+    Now one bound of 10 s for the store, for all its runs, each named as kept because its work dir cannot be read."""
+    from launcher.runs import state
+    from launcher.runs.state import RunInfo
+
+    for run_id in ("r-1", "r-2"):
+        state.save(RunInfo(run_id=run_id, backend="local", work_dir="s3://strain/runs", nodes=["a"], spec_file="",
+                           spec_digest="", created_at=time.time() - 3600))
+    own_moto.pause()
+    try:
+        done = run_cli("clean", "--older-than", "60", "--work-dir", "--dry-run", env=_env(
+            launcher_home, LAUNCHER_STORE_DEADLINE="600"), timeout=120)
+    finally:
+        own_moto.resume()
+    assert done.returncode == 3, done.stdout + done.stderr
+    for run_id in ("r-1", "r-2"):
+        assert re.search(rf"^kept {run_id}: cannot read its work dir \(.*unreachable for \d+s .*limit 10s, "
+                         r"clean's own bound", done.stdout, re.M), done.stdout
+    assert "would remove" not in done.stdout.replace("would remove 0 runs", ""), done.stdout
+
+
 def test_a_bad_deadline_is_named(tmp_path, launcher_home):
     from launcher.runs import state
     from launcher.runs.state import RunInfo
