@@ -19,10 +19,12 @@ from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, BadInput
 from launcher.node.control import CONTROL_PREFIX
 from launcher.node.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
 from launcher.node.status import STATUS_PREFIX
+from launcher.node.store import StoreError
 from launcher.runs.attempts import current_url, started_line
 from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo, reread, resolve_run
-from launcher.runs.view import RunView, closing_line, not_recorded_note, open_run, read_view, record_lost
+from launcher.runs.view import (RunView, closing_line, not_recorded_note, open_run, outputs_dirs_note, read_view,
+                                record_lost)
 
 LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per node
 STORE_POLL_SECONDS = 0.25  # object stores: one LIST per poll
@@ -218,6 +220,21 @@ class LogFollower:
 def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | None = None,
            since: float | None = None, tail: int | None = None, keep_following: bool = True,
            verbose: bool = False, out: TextIO = sys.stdout) -> int:
+    """Show the run's logs and states until it ends (or at once, unless ``keep_following``), then how it ended. Given
+    up on the work dir, it says where the nodes keep the outputs the work dir may lack, as the run was last seen."""
+    seen: list[RunView] = []
+    try:
+        return _follow(info, seen, backend=backend, nodes=nodes, since=since, tail=tail,
+                       keep_following=keep_following, verbose=verbose, out=out)
+    except StoreError:
+        note = outputs_dirs_note(seen[0]) if seen else ""
+        if note:
+            sys.stderr.write(note + "\n")
+        raise
+
+
+def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, nodes: list[str] | None,
+            since: float | None, tail: int | None, keep_following: bool, verbose: bool, out: TextIO) -> int:
     backend = backend or backend_for(info.backend, "local")
     _earlier_attempts(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
     follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
@@ -238,6 +255,7 @@ def follow(info: RunInfo, *, backend: Backend | None = None, nodes: list[str] | 
                 if nodes is None:
                     follower.add_nodes(info.nodes)
             view = read_view(info, follower.run, backend)
+            seen[:] = [view]
             engine = backend.engine_state(info)
             if engine and engine != engine_said:  # a batch job's wait and why, its nodes, how it ended
                 out.write(f"{engine}\n")

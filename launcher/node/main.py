@@ -329,15 +329,12 @@ class Node:
         return None
 
     def _describe_sync_failure(self, exc: StoreError) -> str:
-        """``outputs sync of checkpoints/ck.pt: No space left on device in WORK_DIR; not in the work dir, kept in
-        DIR: checkpoints/ck.pt``: the file whose upload failed (where the error says), the store's words, and where
-        the files the work dir did not get stay."""
+        """``outputs sync of checkpoints/ck.pt: No space left on device in WORK_DIR``: the file whose upload failed
+        (where the error says) and the store's words, the same on every node that failed so; where each node's
+        files stay is recorded beside it (``_finish``), not in it."""
         prefix = f"{outputs_mod.OUTPUTS_PREFIX}/{self.settings.node}/"
         file = f" of {exc.key[len(prefix):]}" if exc.key and exc.key.startswith(prefix) else ""
-        left = self.sync.unsynced()
-        kept = f"; not in the work dir, kept in {self.settings.outputs_dir}: {', '.join(left[:5])}" \
-            f"{' ...' if len(left) > 5 else ''}" if left else ""
-        return f"outputs sync{file}: {exc.reason} in {self.run.url}{kept}"
+        return f"outputs sync{file}: {exc.reason} in {self.run.url}"
 
     def _supervise(self, rank_logs: RankLogs, rounds: Rounds | None, number: int, members: list[str]) -> _Ended:
         """Wait for torchrun to exit, meanwhile enforcing the limits, obeying stop requests and syncing; in a
@@ -511,6 +508,8 @@ class Node:
 
     def _finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False,
                 details: dict | None = None) -> int:
+        kept = outputs_mod.kept_record(self.settings.outputs_dir, self.sync.unsynced())
+        details = {**(details or {}), **kept}  # readers name each node's files the work dir did not get, and where
         if mark_failed:
             self._mark_failed(state, reason, exit_code, details)
         # however the node ends: a directory launcher chose is not left behind; the files the work dir lacks are named
@@ -527,6 +526,7 @@ class Node:
         # Its parent (a supervisor) and the readers learn its end from its exit status and this console line: one
         # line, whatever lines the reason has (a cause with its frame), or the reader quotes a piece of it.
         ended = "; ".join(part.strip() for part in (state + (f": {reason}" if reason else "")).splitlines())
+        ended += f"; {outputs_mod.kept_text(kept)}" if kept else ""
         print(f"[launcher {self.settings.node}] failed to record its end in the work dir ({ended}): {refused}",
               file=sys.stderr, flush=True)
         return exit_code or EXIT_STORE

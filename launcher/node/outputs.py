@@ -167,6 +167,22 @@ def _written_times(run: WorkDir) -> dict[str, dict[str, tuple[float, int]]]:
     return by_node
 
 
+KEPT = "unsynced_outputs"  # in a node's final status and failure marker: {"dir", "files" (the first few), "count"}
+KEPT_FILES_SHOWN = 5
+
+
+def kept_record(directory: str, left: list[str]) -> dict[str, dict]:
+    """The ``KEPT`` field for a node whose files ``left`` (relative paths) the work dir did not get; {} if none."""
+    return {KEPT: {"dir": directory, "files": left[:KEPT_FILES_SHOWN], "count": len(left)}} if left else {}
+
+
+def kept_text(record: dict) -> str:
+    """``not in the work dir, kept in DIR: checkpoints/ck.pt``, from a record holding a ``KEPT`` field."""
+    kept = record[KEPT]
+    more = " ..." if kept["count"] > len(kept["files"]) else ""
+    return f"not in the work dir, kept in {kept['dir']}: {', '.join(kept['files'])}{more}"
+
+
 def tidy_temporary(sync: OutputsSync) -> list[str]:
     """At a node's end, its launcher-chosen outputs directory: removed once the work dir holds every file in it
     (also when there are none: a failed run leaves no empty directories behind); otherwise only its empty

@@ -209,8 +209,28 @@ def _write_lost(view: RunView, run: WorkDir) -> None:
 
 
 def closing_line(view: RunView) -> str:
-    """The run's result and its cause; after whole-run retries, how each attempt ended too."""
-    return _result_line(view) + "".join(f"\n  {line}" for line in history(view.info, view.attempts))
+    """The run's result and its cause; where outputs the work dir did not get stay; after whole-run retries, how each
+    attempt ended too."""
+    return _result_line(view) + "".join(f"\n  {line}" for line in kept_outputs(view) + history(view.info,
+                                                                                             view.attempts))
+
+
+def kept_outputs(view: RunView) -> list[str]:
+    """``node t-main: not in the work dir, kept in DIR: checkpoints/ck.pt`` for each node that recorded files its
+    outputs sync could not upload (in its final status, or its failure marker when the status did not fit)."""
+    from launcher.node.outputs import KEPT, kept_text
+
+    records = {failure.get("node"): failure for failure in view.failures if failure.get(KEPT)}
+    records.update({name: status for name, status in view.statuses.items() if status.get(KEPT)})
+    return [f"{node_label(name)}: {kept_text(record)}" for name, record in sorted(records.items())]
+
+
+def outputs_dirs_note(view: RunView) -> str:
+    """For a command that gives up on the work dir while nodes run: where each node writes its outputs, which keep
+    what the work dir did not get."""
+    dirs = [f"{node_label(name)}: {status['outputs_dir']}" for name, status in sorted(view.statuses.items())
+            if status.get("outputs_dir")]
+    return f"note: outputs the work dir did not get stay where the nodes wrote them ({'; '.join(dirs)})" if dirs else ""
 
 
 def _result_line(view: RunView) -> str:

@@ -172,6 +172,8 @@ def test_every_process_ends_within_the_deadline_when_the_store_is_gone_for_good(
     assert code == 3, out
     assert "is unreachable since" in out and f"unreachable for {deadline:.0f}s" in out, out
     assert "LAUNCHER_STORE_DEADLINE" in out and "Traceback" not in out, out
+    where = "; ".join(f"node {node}: {_temporary_outputs(run_id) / node / 'outputs'}" for node in sorted(nodes))
+    assert f"note: outputs the work dir did not get stay where the nodes wrote them ({where})" in out, out  # P3
     for node in nodes:
         console = (launcher_home / "runs" / run_id / "nodes" / f"{node}.log").read_text()
         kept = _temporary_outputs(run_id) / node / "outputs"
@@ -339,10 +341,13 @@ def test_a_full_work_dir_fails_the_run_naming_the_file_and_where_it_stays(tmp_pa
         assert done.returncode == 1, done.stdout + done.stderr
         closing = done.stdout[done.stdout.rindex(f"\nrun {run_id} failed"):]
         kept = _temporary_outputs(run_id)
-        assert re.search(rf"cause: outputs sync( of checkpoints/ck.pt)?: No space left on device in {small_fs}/"
-                         rf"{run_id}; not in the work dir, kept in {kept}/t-[a-z0-9-]+/outputs: checkpoints/ck.pt\n",
-                         closing), closing
-        for node in ("t-main", "t-worker-0"):
+        # P6: the cause once, the same words for both nodes, so no 'also failed' line repeats it with another path
+        assert re.search(rf"\n  cause: outputs sync of checkpoints/ck.pt: No space left on device in {small_fs}/"
+                         rf"{run_id}\n", closing), closing
+        assert "also failed" not in closing, closing
+        for node in ("t-main", "t-worker-0"):  # P3: each node's files, and where they stay
+            assert f"\n  node {node}: not in the work dir, kept in {kept}/{node}/outputs: checkpoints/ck.pt" in closing, \
+                closing
             assert (kept / node / "outputs" / "checkpoints" / "ck.pt").stat().st_size == 1600 * 1024
         assert not [p for p in small_fs.rglob(".*") if p.name.endswith(".tmp")], list(small_fs.rglob("*"))
         for verb in (("status", run_id), ("watch", run_id)):
