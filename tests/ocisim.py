@@ -497,9 +497,16 @@ class OciSim:
         one (CreateMultipartUploadDetails: object), PUT .../u/{object}?uploadId&uploadPartNum uploads a part
         (answered with its etag and opc-content-md5, which MultipartObjectAssembler reads), POST
         .../u/{object}?uploadId commits the parts listed (partsToCommit: partNum, etag) as one object, DELETE
-        aborts. OCI's multipart page: part numbers 1 to 10,000, the object is assembled in part-number order and
-        appears only once committed; Content-MD5, when sent, must match the body (HTTP 400 otherwise)."""
+        aborts, GET .../u lists the uploads not yet committed or aborted (ListMultipartUploads: a list of
+        MultipartUpload). OCI's multipart page: part numbers 1 to 10,000, the object is assembled in part-number order
+        and appears only once committed; Content-MD5, when sent, must match the body (HTTP 400 otherwise)."""
         namespace, bucket, name = key
+        if method == "GET" and not name:
+            with self.lock:
+                listed = [{"namespace": ns, "bucket": b, "object": obj, "uploadId": upload_id,
+                           "timeCreated": _iso(time.time()), "storageTier": "Standard"}
+                          for upload_id, ((ns, b, obj), _) in self.uploads.items() if (ns, b) == (namespace, bucket)]
+            return 200, listed, {}
         if method == "POST" and not name:
             details = json.loads(body or b"{}")
             if not isinstance(details.get("object"), str):

@@ -148,7 +148,9 @@ def test_a_file_replaced_while_it_uploads_is_uploaded_whole_as_it_was_opened(wor
 
 
 def test_a_killed_upload_leaves_no_object_and_no_manifest(work_dir, tmp_path):
-    """The node dies (SIGKILL) in the middle of a big upload: nothing is listed, so nothing torn is restored."""
+    """The node dies (SIGKILL) in the middle of a big upload: nothing is listed, so nothing torn is restored; and
+    removing the run's data (`launcher clean --work-dir`) removes what the upload left unfinished (a hidden file, an
+    object store's multipart upload, which no listing shows and the store keeps)."""
     kind, url, sim = work_dir
     outputs = tmp_path / "node-a"
     size = 1024 * MiB if kind == "local" else 96 * MiB
@@ -178,12 +180,16 @@ def test_a_killed_upload_leaves_no_object_and_no_manifest(work_dir, tmp_path):
         released.set()
     assert WorkDir(url).find("outputs") == []  # neither the file nor the manifest that would list it
     assert WorkDir(url).get("outputs/a/model.pt") is None
+    WorkDir(url).remove_all()  # `launcher clean --work-dir`: what the killed upload left, too
+    assert not _under_way(kind, store, threading.Event())
+    if sim is not None:
+        assert sim.uploads == {}
 
 
 def _under_way(kind: str, store: WorkDir, held: threading.Event) -> bool:
     """An upload has begun and not ended: a hidden copy being written, an open multipart upload, a held part."""
     if kind == "local":
-        return any(path.stat().st_size > 0 for path in hidden_files(Path(store.root)))
+        return Path(store.root).exists() and any(path.stat().st_size > 0 for path in hidden_files(Path(store.root)))
     if kind == "s3":
         bucket = store.root.split("/", 1)[0]
         return bool(store.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads"))

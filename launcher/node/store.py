@@ -322,12 +322,17 @@ class WorkDir:
         return self._call(f"find {prefix}", attempt)
 
     def remove_all(self) -> None:
-        """Delete this run's whole directory. Only ``launcher clean`` does this: nodes never delete."""
+        """Delete this run's whole directory. Only ``launcher clean`` does this: nodes never delete.
+
+        On object stores also the uploads a node killed mid-upload left unfinished: no listing shows them, yet the
+        store keeps (and bills) their parts until they are aborted."""
         def attempt() -> None:
             try:
                 self.fs.rm(self.root, recursive=True, **self._timeout)
             except FileNotFoundError:
                 pass
+            if not self.is_local:
+                self._transfers().abort_unfinished(self.root + "/")
 
         self._call("remove the run's data", attempt)
 

@@ -87,6 +87,9 @@ class Transfers(Protocol):
     def download(self, path: str, target: BinaryIO, watch: Watch) -> bool:
         """Write the object ``path`` into ``target`` (an empty file); False if there is no such object."""
 
+    def abort_unfinished(self, prefix: str) -> None:
+        """Abort the multipart uploads of objects under ``prefix`` that were begun and never completed."""
+
 
 def for_store(fs: Any, *, local: bool) -> Transfers:
     """The transfers for an fsspec filesystem: a local directory, s3fs or ocifs."""
@@ -108,8 +111,6 @@ def download_file(transfers: Transfers, path: str, local_path: str, watch: Watch
 def _publish(path: str, write: Callable[[BinaryIO], bool]) -> bool:
     """A new file written by ``write`` into a hidden sibling of ``path`` (listings and syncs skip dot-names), renamed
     to ``path`` if ``write`` returns True. The sibling never outlives this, also when ``write`` fails."""
-    from launcher.node.store import temporary_name
-
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = temporary_name(path)
     try:
@@ -154,6 +155,9 @@ def same_file(handle: BinaryIO) -> str:
 
 
 class LocalTransfers:
+    def abort_unfinished(self, prefix: str) -> None:
+        """A directory has no uploads in parts: a copy under way is a hidden file, removed with its directory."""
+
     def upload(self, handle: BinaryIO, path: str, watch: Watch) -> None:
         def copy(target: BinaryIO) -> bool:
             _copy(handle, target, watch)
@@ -248,6 +252,13 @@ class S3Transfers:
             raise
         future.result()
 
+    def abort_unfinished(self, prefix: str) -> None:
+        bucket, key_prefix, _ = self._split(prefix)
+        pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket,
+                                                                              Prefix=key_prefix.rstrip("/") + "/")
+        for upload in (upload for page in pages for upload in page.get("Uploads", [])):
+            self._client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
     def download(self, path: str, target: BinaryIO, watch: Watch) -> bool:
         bucket, key, _ = self._split(path)
         try:
@@ -329,6 +340,15 @@ class OciTransfers:
             answer = self._client.upload_part(*upload, number, data, content_md5=md5)
             watch.moved(len(data))
         return CommitMultipartUploadPartDetails(part_num=number, etag=answer.headers["etag"])
+
+    def abort_unfinished(self, prefix: str) -> None:
+        from oci.pagination import list_call_get_all_results
+
+        bucket, namespace, name_prefix = self._fs.split_path(prefix)
+        uploads = list_call_get_all_results(self._client.list_multipart_uploads, namespace, bucket).data
+        for upload in uploads:
+            if upload.object.startswith(name_prefix.rstrip("/") + "/"):
+                self._client.abort_multipart_upload(namespace, bucket, upload.object, upload.upload_id)
 
     def _abort(self, namespace: str, bucket: str, name: str, upload_id: str) -> None:
         """Drop an unfinished upload's parts; the store may be what failed, so this may fail too, and matters less."""
