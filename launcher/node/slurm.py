@@ -139,7 +139,7 @@ def keep(name: str, env: os._Environ) -> int:
     from launcher.node.leftovers import describe, save_leftovers
     from launcher.node.status import FINAL_STATES, status_key
     from launcher.node.store import StoreError, WorkDir
-    from launcher.runs.supervision import record_on_behalf
+    from launcher.runs.supervision import EndRecorder, record_on_behalf
 
     for signum in (signal.SIGTERM, signal.SIGINT):  # Slurm signals every process of the step: the child too
         signal.signal(signum, signal.SIG_IGN)
@@ -147,7 +147,7 @@ def keep(name: str, env: os._Environ) -> int:
                              preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGINT)])
     code = child.wait()
     try:
-        run = WorkDir(f"{env['LAUNCHER_WORK_DIR'].rstrip('/')}/{env['LAUNCHER_RUN_ID']}")
+        run = EndRecorder(WorkDir(f"{env['LAUNCHER_WORK_DIR'].rstrip('/')}/{env['LAUNCHER_RUN_ID']}")).store_for(code)
         status = run.get_record(status_key(name))
         if status.get("state") not in FINAL_STATES and code != EXIT_BAD_ENV:
             exit_code, reason = describe(code)

@@ -28,6 +28,10 @@ from launcher.node.status import FINAL_STATES, status_key
 from launcher.node.store import WorkDir
 
 CONSOLE_PREFIX = "console"  # in the work dir: consoles of nodes that could not save their own logs
+# A node that exited EXIT_STORE gave up on the work dir (unreachable for LAUNCHER_STORE_DEADLINE, or unusable):
+# recording the ends of such nodes there gets this long in all, not a whole new outage each, so that whatever
+# watches the nodes (a supervisor, Slurm's task keeper) ends soon after them.
+GAVE_UP_DEADLINE_SECONDS = 5.0
 CONSOLE_TAIL_BYTES = 4096
 
 
@@ -200,3 +204,22 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
     run.put(status_key(name), json.dumps(status).encode())
     if not cancelled:
         record_failure(run, name, status.get("rank"), exit_code, reason, details, at=at)
+
+
+class EndRecorder:
+    """The work dir a node's watcher records the node's end in: ``run`` itself, or for a node that gave up on it,
+    one client on a clock of GAVE_UP_DEADLINE_SECONDS shared by every such node (once it has run out, the others'
+    ends are not tried: each ends at once, and the watcher within that bound of its last node)."""
+
+    def __init__(self, run: WorkDir):
+        self.run = run
+        self._after_give_up: WorkDir | None = None
+
+    def store_for(self, exit_code: int) -> WorkDir:
+        from launcher.node.main import EXIT_STORE
+
+        if exit_code != EXIT_STORE:
+            return self.run
+        if self._after_give_up is None:
+            self._after_give_up = WorkDir(self.run.url, deadline=GAVE_UP_DEADLINE_SECONDS)
+        return self._after_give_up

@@ -280,6 +280,31 @@ def test_a_node_says_a_short_outage_in_its_log(tmp_path, launcher_home, own_moto
     assert re.search(r"\[t-main *\] \[launcher\] work dir .* is unreachable since .*no answer to", out), out
 
 
+def test_the_ends_of_nodes_that_gave_up_get_one_short_bound_in_every_backend(tmp_path, own_moto):
+    """What watches nodes (the local and Docker supervisors, Slurm's task keeper; shared code) records the end of a
+    node that gave up on the work dir (exit 3) on one clock of 5 s for all such nodes, not a whole
+    LAUNCHER_STORE_DEADLINE each (the Docker supervisor and Slurm's keeper waited it out for every node)."""
+    from launcher.node.main import EXIT_STORE
+    from launcher.runs.supervision import EndRecorder, record_on_behalf
+
+    console = tmp_path / "console.log"
+    console.write_text("[launcher a] stopping training: the work dir was unreachable\n")
+    run = WorkDir("s3://strain/runs/r5", fresh_instance=True, deadline=600)
+    _warm_up(run)
+    ends = EndRecorder(run)
+    assert ends.store_for(0) is run  # a node that ended otherwise: the watcher's own clock
+    own_moto.pause()
+    try:
+        with pytest.raises(StoreError, match=r"unreachable for \d+s .*limit 5s"):
+            record_on_behalf(ends.store_for(EXIT_STORE), "a", {}, EXIT_STORE, "exit 3", str(console))
+        requests = ends.store_for(EXIT_STORE).requests
+        with pytest.raises(StoreError, match="not tried"):  # the next node's end: at once, the bound is spent
+            record_on_behalf(ends.store_for(EXIT_STORE), "b", {}, EXIT_STORE, "exit 3", str(console))
+        assert ends.store_for(EXIT_STORE).requests == requests
+    finally:
+        own_moto.resume()
+
+
 def test_a_permanent_error_ends_a_read_at_once_however_long_the_limit(tmp_path, launcher_home, own_moto):
     """Retrying cannot bring credentials: a read verb says so at once, not after the outage limit."""
     from launcher.runs import state

@@ -21,7 +21,7 @@ from launcher.errors import BackendError, BadInput
 from launcher.gpus import node_gpu_shares
 from launcher.plan import Plan
 from launcher.runs.state import RunInfo
-from launcher.runs.supervision import ProcessRef
+from launcher.runs.supervision import EndRecorder, ProcessRef
 from launcher.spec.model import Spec
 from launcher.workdirs import resolve_local, scheme
 
@@ -145,7 +145,7 @@ class DockerBackend(Backend):
                 fates[name] = NodeFate(True)
                 continue
             try:
-                node_ended(client, WorkDir(info.run_url), info.state_dir, name, container.id,
+                node_ended(client, EndRecorder(WorkDir(info.run_url)), info.state_dir, name, container.id,
                            int(state.get("ExitCode", -1)), engine_end_time(state))
             except (StoreError, docker.errors.DockerException):  # the next command that looks tries again
                 fates[name] = NodeFate(True)

@@ -38,16 +38,17 @@ from launcher.fileio import atomic_write
 from launcher.node.status import status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_gpus, read_added, write_added_record
-from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf, replacement_wanted,
-                                       write_exit_record)
+from launcher.runs.supervision import (EndRecorder, ProcessRef, console_log_path, record_on_behalf,
+                                       replacement_wanted, write_exit_record)
 
 STREAM_ENDED = "the engine's event stream ended"  # queued by the events thread when the stream ends under it
 
 
-def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: str, event_exit_code: int,
+def node_ended(client, ends: EndRecorder, state_dir: str, name: str, container_id: str, event_exit_code: int,
                ended_at: float, replace: Callable[[], bool] | None = None) -> None:
-    """Save the container's output, record the node's end for it when it could not, write the exit record;
-    unless the node was lost and ``replace`` started its replacement (the node goes on: no exit record)."""
+    """Save the container's output, record the node's end for it when it could not (in the work dir ``ends`` gives
+    for its exit status), write the exit record; unless the node was lost and ``replace`` started its replacement
+    (the node goes on: no exit record)."""
     import docker.errors
 
     console = console_log_path(state_dir, name)
@@ -62,6 +63,7 @@ def node_ended(client, run: WorkDir, state_dir: str, name: str, container_id: st
     reason = describe_exit(exit_code, oom)
     _say(f"node {name} ({container_id[:12]}) ended: {exit_code}")
     replaced = False
+    run = ends.store_for(exit_code)
     try:
         status = run.get_record(status_key(name))
         record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at)
@@ -150,6 +152,7 @@ def main(state_dir: str, run_url: str) -> int:
     client = connect()
     run = WorkDir(run_url)
     nodes = Nodes(client, run, state_dir, order, me)
+    ends = EndRecorder(run)
     waiting = dict(order["containers"])  # node -> its current container's id, while it runs
     events = client.events(since=int(order["since"]) - 1, decode=True,
                            filters={"type": "container", "event": "die", "label": f"{RUN_LABEL}={order['run_id']}"})
@@ -168,7 +171,7 @@ def main(state_dir: str, run_url: str) -> int:
                 continue
             ended_at = event.get("timeNano", time.time_ns()) / 1e9  # when the engine saw it die
             try:
-                node_ended(client, run, state_dir, name, waiting[name], int(actor["Attributes"].get("exitCode", -1)),
+                node_ended(client, ends, state_dir, name, waiting[name], int(actor["Attributes"].get("exitCode", -1)),
                            ended_at, replace=functools.partial(nodes.replace, name))
             except Exception as exc:  # noqa: BLE001 - one node's trouble must not leave the others unrecorded
                 _say(f"could not record the end of node {name}: {type(exc).__name__}: {exc}")

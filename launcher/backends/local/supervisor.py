@@ -12,17 +12,11 @@ import time
 
 from launcher.backends.local.processes import write_processes
 from launcher.node.leftovers import describe, save_leftovers
-from launcher.node.main import EXIT_STORE
 from launcher.node.status import status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_env, added_node_gpus, read_added, write_added_record
-from launcher.runs.supervision import (ProcessRef, console_log_path, record_on_behalf,
+from launcher.runs.supervision import (EndRecorder, ProcessRef, console_log_path, record_on_behalf,
                                        replacement_wanted, with_error_line, write_exit_record)
-
-# A node that exited EXIT_STORE gave up on the work dir (unreachable for LAUNCHER_STORE_DEADLINE, or unusable):
-# recording the ends of such nodes there gets this long in all, not a whole new outage each, so that the supervisor
-# ends soon after its nodes.
-GAVE_UP_DEADLINE_SECONDS = 5.0
 
 
 def main(state_dir: str, run_url: str) -> int:
@@ -62,7 +56,7 @@ class Supervisor:
         self.children: dict[int, tuple[str, subprocess.Popen]] = {}  # pidfd -> (node, process)
         self.refs: dict[str, ProcessRef] = {}
         self.replaced = 0
-        self._after_give_up: WorkDir | None = None  # the work dir with one short clock for nodes that gave up on it
+        self.ends = EndRecorder(run)
 
     def spawn(self, request: dict, incarnation: int = 0) -> int:
         proc = _spawn(request, self.state_dir, incarnation)
@@ -98,7 +92,7 @@ class Supervisor:
         _say(f"node {name} (pid {proc.pid}) ended: {returncode}")
         exit_code, reason = describe(returncode)
         console = str(console_log_path(self.state_dir, name))
-        run = self._for_gave_up() if returncode == EXIT_STORE else self.run
+        run = self.ends.store_for(returncode)
         try:
             status = run.get_record(status_key(name))
             save_leftovers(run, name, status)
@@ -115,12 +109,6 @@ class Supervisor:
         # work dir could not take the node's end, readers derive it from this record (with the console's last word).
         write_exit_record(self.state_dir, name, exit_code, with_error_line(reason, console), ended_at,
                           returncode=returncode)
-
-
-    def _for_gave_up(self) -> WorkDir:
-        if self._after_give_up is None:
-            self._after_give_up = WorkDir(self.run.url, deadline=GAVE_UP_DEADLINE_SECONDS)
-        return self._after_give_up
 
 
 def _wake_on(signum: int) -> int:
