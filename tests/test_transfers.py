@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import filecmp
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -361,3 +361,38 @@ def test_a_restore_says_how_far_it_came_and_stops_when_the_run_is_cancelled(s3_b
     assert re.fullmatch(r"restoring outputs: \d+\.\d MiB of 64\.0 MiB", said[0]), said
     assert not (tmp_path / "node-b" / "ck.pt").exists()
     assert hidden_files(tmp_path / "node-b") == []
+
+
+def test_a_node_restoring_a_big_checkpoint_says_how_far_and_stops_when_the_run_is_cancelled(
+        tmp_path, launcher_home, s3_bucket, moto):
+    """P7 (issue 28), end to end: `launcher run --resume-from` over a slow link (1 MiB/s: a minute for the
+    checkpoint) shows the node's restore progress, and `launcher cancel` stops the node within its grace, cancelled,
+    instead of after the restore (the node read no control marker while restoring: it was killed at the grace)."""
+    from clirun import LiveCli, run_id_from
+    from cluster import write_spec
+    from conftest import run_cli
+    from launcher.node.rendezvous import Registration, register
+    from launcher.runs.preflight import RUN_RECORD
+    from s3server import FaultyProxy
+
+    earlier = f"s3://{s3_bucket}/runs/earlier"
+    write_distinct(tmp_path / "earlier" / "checkpoints" / "ck.pt", 64 * MiB)
+    OutputsSync(WorkDir(earlier), "e-main", str(tmp_path / "earlier")).sync()
+    WorkDir(earlier).put(RUN_RECORD, json.dumps({"run_id": "earlier", "backend": "local", "nodes": 1,
+                                                 "created_at": time.time()}).encode())  # as its submit and node left it
+    register(WorkDir(earlier), Registration("e-main", "127.0.0.1", 29500))
+    proxy = FaultyProxy(moto.port, failure_rate=0.0, bytes_per_second=MiB)
+    env = {**os.environ, "LAUNCHER_HOME": str(launcher_home), "FSSPEC_S3_ENDPOINT_URL": proxy.endpoint}
+    spec = write_spec(tmp_path, "print('trained', flush=True)\n", nodes=1, work_dir=f"s3://{s3_bucket}/runs")
+    live = LiveCli(["run", "-f", str(spec), "--resume-from", earlier], env, cwd=tmp_path)
+    try:
+        live.wait_for(r"\[t-main *\] \[launcher\] restoring outputs: \d+\.\d MiB of 64\.0 MiB", timeout=90)
+        cancelled = run_cli("cancel", run_id_from("\n".join(live.lines)), env=env, timeout=120)
+        code, out = live.finish(timeout=120)
+    finally:
+        if live.proc.poll() is None:
+            live.proc.kill()
+        proxy.stop()
+    assert cancelled.returncode == 0 and "did not stop" not in cancelled.stdout, cancelled.stdout + cancelled.stderr
+    assert "the run was cancelled (while restoring outputs)" in out, out
+    assert "trained" not in out, out
