@@ -6,6 +6,7 @@ alone up to maxRestarts, any other failure the end of the run. No cluster is inv
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -130,7 +131,7 @@ def test_a_work_dir_on_a_volume_every_pod_mounts_is_accepted(tmp_path):
     assert env["LAUNCHER_WORK_DIR"] == "/mnt/shared/runs"
 
 
-def test_the_dry_run_prints_what_kubectl_applies_and_run_refuses_saying_how(tmp_path, launcher_home):
+def test_the_dry_run_prints_what_kubectl_applies_and_run_without_a_cluster_says_why(tmp_path, launcher_home):
     spec = k8s_spec(tmp_path, {"namespace": "ml"})
     shown = run_cli("run", "-f", str(spec), "--dry-run", "--run-id", "run-1", "--output", "yaml")
     assert shown.returncode == 0, shown.stderr
@@ -140,8 +141,10 @@ def test_the_dry_run_prints_what_kubectl_applies_and_run_refuses_saying_how(tmp_
     assert text.stdout.startswith("# note: ") and list(yaml.safe_load_all(text.stdout)) == documents
     as_json = json.loads(run_cli("run", "-f", str(spec), "--dry-run", "--run-id", "run-1", "--output", "json").stdout)
     assert [request["body"] for request in as_json["requests"]] == documents
-    refused = run_cli("run", "-f", str(spec))
-    assert refused.returncode == 3 and "kubectl apply -f -" in refused.stderr, refused.stderr
+    nowhere = {**os.environ, "KUBECONFIG": str(tmp_path / "no-kubeconfig")}
+    refused = run_cli("run", "-f", str(spec), env=nowhere)
+    assert refused.returncode == 3 and "kubeconfig (KUBECONFIG or ~/.kube/config): " in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
     unpushed = run_cli("run", "-f", str(k8s_spec(tmp_path, image="@image")))
     assert unpushed.returncode == 2 and '"@image" must be pushed for the cluster to pull it' in unpushed.stderr
     assert not (launcher_home / "runs").exists()  # nothing recorded

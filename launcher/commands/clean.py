@@ -84,7 +84,9 @@ def _targets(info: RunInfo, work_dir: bool) -> list[tuple[str, Callable[[], None
     """What belongs to a run, each with the function that removes it; the record itself last."""
     targets: list[tuple[str, Callable[[], None]]] = []
     if info.backend == "docker":  # its containers and network, kept (--keep, compose) or left by a dead supervisor
-        targets.append((f"the containers and network of {info.run_id}", lambda: _remove_containers(info)))
+        targets.append((f"the containers and network of {info.run_id}", lambda: _remove_engine_objects(info)))
+    if info.backend == "kubernetes" and info.backend_ids.get("job"):  # its Job (kept for kubectl logs) and Service
+        targets.append((f"the Kubernetes Job and Service of {info.run_id}", lambda: _remove_engine_objects(info)))
     temporary = temporary_outputs(info)
     if temporary.exists():
         targets.append((str(temporary), lambda: shutil.rmtree(temporary)))
@@ -139,8 +141,9 @@ def unsynced_outputs(info: RunInfo, run: WorkDir) -> list[str]:
     return [name for name, mtime in local.items() if written.get(name.partition("/")[2], -1.0) < mtime - 1e-3]
 
 
-def _remove_containers(info: RunInfo) -> None:
+def _remove_engine_objects(info: RunInfo) -> None:
+    """What the run's backend still holds for it (containers, a Job), as its release with ``discard`` frees it."""
     from launcher.backends import backend_for
 
-    freed = backend_for("docker", "local").release(info, discard=True)
+    freed = backend_for(info.backend, "local").release(info, discard=True)
     print(f"  {', '.join(freed) if freed else 'none were left'}")

@@ -118,8 +118,8 @@ def _slurm_jobs(ids: dict[str, Any]) -> set[str]:
 
 def resolve_run(ref: str | None) -> RunInfo:
     """A run id (or a unique prefix), a path to an info.yaml (or its directory), a run's work-dir URL or
-    directory (``s3://bucket/prefix/RUN``, ``./work_dir/RUN``), an OCI job or job run OCID, a Slurm job id,
-    or None for the latest run."""
+    directory (``s3://bucket/prefix/RUN``, ``./work_dir/RUN``), an OCI job or job run OCID, a Slurm job id, a
+    Kubernetes ``namespace/job-name``, or None for the latest run."""
     if not ref:
         runs = all_runs()
         if not runs:
@@ -133,6 +133,11 @@ def resolve_run(ref: str | None) -> RunInfo:
     by_id = runs_dir() / ref / "info.yaml"
     if by_id.is_file():
         return load(by_id)
+    if ref.count("/") == 1 and "://" not in ref and not candidate.exists():  # a Kubernetes namespace/job-name
+        owners = [info for info in all_runs() if info.backend == "kubernetes"
+                  and ref == f"{info.backend_ids.get('namespace')}/{info.backend_ids.get('job')}"]
+        if owners:
+            return owners[0]
     if "://" in ref or candidate.is_dir():
         return from_work_dir(ref)
     if ref.startswith("ocid1."):  # a job or job run OCID of an OCI run

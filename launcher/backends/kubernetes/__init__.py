@@ -1,20 +1,26 @@
 """Kubernetes: the run as one Indexed Job and a headless Service (:mod:`.objects`), every object checked against
-the official schema (:mod:`.schemas`). This version prints them (``launcher run --dry-run``, ``--output yaml`` for
-``kubectl apply -f -``); submitting them and following the pods come next: the nodes need nothing more than
-these objects, since they meet in the work dir on every backend.
+the official schema of the cluster's version (:mod:`.schemas`), created through the official ``kubernetes`` client
+(:mod:`.cluster`) exactly as ``launcher run --dry-run`` prints them. The nodes need nothing more than these
+objects: they meet in the work dir as on every backend. The Job controller starts a lost pod's index again itself;
+``status`` and ``watch`` show the cluster's view beside the work dir's (:mod:`.view`); ``cancel`` asks the nodes
+through the work dir, then deletes the Job (foreground) and the Service.
 """
 
 from __future__ import annotations
 
-from launcher.backends.base import Backend, DryRun, Request
-from launcher.backends.kubernetes.objects import NODE_ENTRY, PYTHON, gpus_per_pod, workload
+from typing import Any
+
+from launcher.backends.base import Backend, DryRun, NodeFate, Request
+from launcher.backends.kubernetes.objects import CONTAINER, NODE_ENTRY, PYTHON, gpus_per_pod, workload
 from launcher.errors import BackendError, BadInput
 from launcher.plan import Plan
+from launcher.runs.state import RunInfo
 from launcher.spec.model import KubernetesInfra, Spec
 from launcher.workdirs import scheme
 
 DEFAULT_NAMESPACE = "default"
-NOT_YET = "this version of the kubernetes backend prints the run's objects but does not submit them"
+GONE_SECONDS = 120.0  # how long cancel waits for the deleted Job's pods to go (their containers stopped)
+LOG_LINES = 20  # of a failed pod's own log, for a container that died before launcher's node could say why
 
 
 def _infra(spec: Spec) -> KubernetesInfra:
@@ -24,6 +30,8 @@ def _infra(spec: Spec) -> KubernetesInfra:
 class KubernetesBackend(Backend):
     name = "kubernetes"
     node_command = (PYTHON, "-m", NODE_ENTRY)
+    _cluster: Any = None  # the connection (a Cluster), made once per command
+    _version: str | None = None  # the cluster's version, as check() read it
 
     def work_dir(self, spec: Spec) -> tuple[str, list[str]]:
         """An object store, or a directory on a volume every pod mounts; never a directory of this machine."""
@@ -61,7 +69,8 @@ class KubernetesBackend(Backend):
         from launcher.backends.kubernetes import schemas
 
         request = super().dryrun(spec, run_id=run_id, resume_from=resume_from)
-        notes = [f"every object validates against the official schema of Kubernetes {schemas.OLDEST} (and later)"]
+        notes = [f"every object validates against the official schema of Kubernetes {schemas.OLDEST} (and later); "
+                 "run checks them against the cluster's own version first"]
         if not _infra(spec).namespace:
             notes.append(f"namespace {DEFAULT_NAMESPACE} (infrastructure.spec.namespace to choose one)")
         gpus = gpus_per_pod(request.plan)
@@ -69,7 +78,6 @@ class KubernetesBackend(Backend):
             notes.append(f"processesPerNode: {gpus} asks for {gpus} nvidia.com/gpu per pod; on nodes without GPUs set "
                          "infrastructure.spec.resources.gpus: 0")
         notes += [f"run would refuse: {problem}" for problem in self._problems(request)]
-        notes.append(f"{NOT_YET}: apply the objects below with kubectl (--output yaml prints them alone)")
         return replace(request, notes=request.notes + tuple(notes))
 
     def manifest(self, request: DryRun) -> str:
@@ -79,14 +87,127 @@ class KubernetesBackend(Backend):
 
     @staticmethod
     def _problems(request: DryRun) -> list[str]:
+        from launcher.plan import image_tag
+
         plan = request.plan
-        if plan.image and plan.nodes[0].image == plan.image.tag:
+        if plan.nodes[0].image == image_tag(plan.spec):  # "@image" that `launcher build --push` has not pushed
             return ['"@image" must be pushed for the cluster to pull it: launcher build -f SPEC --tag '
                     "REGISTRY/REPOSITORY:TAG --push"]
         return []
 
     def check(self, dryrun: DryRun) -> list[str]:
+        """Refuse an image the cluster cannot pull, then ask the cluster its version and check every object against
+        that version's schema (a cluster older than a field the run needs is refused, naming the version that has
+        it)."""
+        from launcher.backends.kubernetes import schemas
+        from launcher.backends.kubernetes.cluster import Cluster
+
         problems = self._problems(dryrun)
         if problems:
             raise BadInput("\n".join(problems))
-        raise BackendError(f"{NOT_YET}: launcher run -f SPEC --dry-run --output yaml | kubectl apply -f -")
+        cluster = Cluster(_infra(dryrun.plan.spec).context)
+        self._version = cluster.version()
+        schemas.check_for_cluster([request.body for request in dryrun.requests], self._version)
+        self._cluster = cluster
+        return []
+
+    def schedule(self, dryrun: DryRun, state_dir: str) -> dict[str, Any]:
+        """Create the requests' objects in order (the Service, then the Job); a Job the cluster refuses takes the
+        Service just created with it."""
+        from launcher.backends.kubernetes.cluster import Cluster
+
+        cluster = self._cluster or Cluster(_infra(dryrun.plan.spec).context)
+        created: list[dict[str, Any]] = []
+        try:
+            for request in dryrun.requests:
+                created.append(cluster.create(request.body))
+        except BackendError:
+            for body in reversed(created):
+                cluster.delete(body["kind"], body["metadata"]["namespace"], body["metadata"]["name"])
+            raise
+        job = created[-1]["metadata"]
+        return {"namespace": job["namespace"], "job": job["name"], "service": created[0]["metadata"]["name"],
+                "context": _infra(dryrun.plan.spec).context, "server": cluster.server,
+                "version": self._version, "uid": job["uid"]}
+
+    def _connect(self, info: RunInfo) -> Any:
+        from launcher.backends.kubernetes.cluster import Cluster
+
+        if self._cluster is None:
+            self._cluster = Cluster(info.backend_ids.get("context"))
+        return self._cluster
+
+    @staticmethod
+    def _ref(info: RunInfo) -> tuple[str, str]:
+        return info.backend_ids["namespace"], info.backend_ids["job"]
+
+    def node_fates(self, info: RunInfo) -> dict[str, NodeFate]:
+        from launcher.backends.kubernetes import view
+
+        if not info.backend_ids.get("job"):
+            return {}
+        namespace, name = self._ref(info)
+        try:
+            cluster = self._connect(info)
+            job, pods = cluster.job(namespace, name), cluster.pods(namespace, name)
+        except BackendError:
+            return {}  # the cluster cannot be asked now: the work dir's records stand alone
+        return view.fates(info.nodes, f"{namespace}/{name}", job, pods, lambda pod: cluster.log_tail(
+            namespace, pod["metadata"]["name"], CONTAINER, LOG_LINES))
+
+    def engine_state(self, info: RunInfo) -> str | None:
+        from launcher.backends.kubernetes import view
+
+        if not info.backend_ids.get("job"):
+            return None
+        namespace, name = self._ref(info)
+        try:
+            cluster = self._connect(info)
+            job, pods = cluster.job(namespace, name), cluster.pods(namespace, name)
+            events = {pod["metadata"]["name"]: cluster.events(namespace, pod["metadata"]["name"]) for pod in pods
+                      if (pod.get("status") or {}).get("phase") == "Pending"}
+        except BackendError as exc:
+            return f"Kubernetes Job {namespace}/{name}: cannot be read now: {exc}"
+        return view.engine_line(f"{namespace}/{name}", job, pods, events)
+
+    def stop(self, info: RunInfo, grace: float) -> list[str]:
+        """The nodes were asked to stop through the work dir; once their pods have ended (or after ``grace``
+        seconds), the Job is deleted in the foreground (its pods first) and the Service; returns once they are gone,
+        naming the pods that were still running."""
+        if not info.backend_ids.get("job"):
+            return []
+        namespace, name = self._ref(info)
+        cluster = self._connect(info)
+        cluster.wait(namespace, name, lambda job, pods: not _in_phase(pods, "Running"), grace)
+        forced = sorted(pod["metadata"]["name"] for pod in _in_phase(cluster.pods(namespace, name), "Running"))
+        cluster.delete("Job", namespace, name, "Foreground")
+        cluster.delete("Service", namespace, info.backend_ids.get("service", name))
+        if not cluster.wait(namespace, name, lambda job, pods: job is None and not pods, GONE_SECONDS):
+            raise BackendError(f"Kubernetes Job {namespace}/{name} was deleted but its pods are still there after "
+                               f"{GONE_SECONDS:g}s: kubectl get pods -n {namespace} -l "
+                               f"batch.kubernetes.io/job-name={name}")
+        return forced
+
+    def release(self, info: RunInfo, *, discard: bool = False) -> list[str]:
+        """The run has ended: its Service goes, and its Job too where pods of it still wait to start (nothing is left
+        for them to join; those running end on their own); a finished Job stays for ``kubectl logs`` until its
+        ttlSecondsAfterFinished, or until ``clean`` (``discard``) deletes it."""
+        if not info.backend_ids.get("job"):
+            return []
+        namespace, name = self._ref(info)
+        freed = []
+        try:
+            cluster = self._connect(info)
+            if discard or _in_phase(cluster.pods(namespace, name), "Pending"):
+                if cluster.delete("Job", namespace, name, "Background"):
+                    freed.append(f"Job {namespace}/{name}")
+            service = info.backend_ids.get("service", name)
+            if cluster.delete("Service", namespace, service):
+                freed.append(f"Service {namespace}/{service}")
+        except BackendError:
+            return freed  # the next command that sees the run ended tries again
+        return freed
+
+
+def _in_phase(pods: list[dict[str, Any]], phase: str) -> list[dict[str, Any]]:
+    return [pod for pod in pods if (pod.get("status") or {}).get("phase") == phase]

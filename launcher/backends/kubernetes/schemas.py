@@ -35,3 +35,42 @@ def newest() -> str:
     import kubernetes_validate
 
     return ".".join(kubernetes_validate.latest_version().split(".")[:2])
+
+
+def _shipped() -> list[str]:
+    """The versions whose schemas kubernetes-validate ships, oldest first (``1.25`` ... ``1.37``)."""
+    import kubernetes_validate.utils
+
+    return sorted({".".join(v.split(".")[:2]) for v in kubernetes_validate.utils.all_versions()}, key=_key)
+
+
+def _key(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_for_cluster(objects: list[dict[str, Any]], version: str) -> str:
+    """Check the objects against the schema of the cluster's version (the newest installed for a cluster newer than
+    that); refuse a cluster older than a field the run needs, naming the version that has it, and one older than
+    :data:`OLDEST`. Returns the schema's version."""
+    shipped = _shipped()
+    schema = version if version in shipped else shipped[-1] if _key(version) > _key(shipped[-1]) else shipped[0]
+    try:
+        check(objects, schema)
+    except BadInput as exc:
+        has = next((v for v in shipped if _key(v) > _key(schema) and _passes(objects, v)), None)
+        raise BadInput(f"the cluster runs Kubernetes {version}, whose API refuses what the run needs: {exc}"
+                       + (f"; Kubernetes {has} takes it" if has else "")
+                       + f" (the kubernetes backend needs Kubernetes {OLDEST} or later)") from None
+    if _key(version) < _key(OLDEST):
+        raise BadInput(f"the cluster runs Kubernetes {version}; the kubernetes backend needs {OLDEST} or later "
+                       "(podFailurePolicy is GA there, backoffLimitPerIndex beta and on)")
+    return schema
+
+
+def _passes(objects: list[dict[str, Any]], version: str) -> bool:
+    try:
+        check(objects, version)
+    except BadInput:
+        return False
+    return True
