@@ -45,7 +45,8 @@ def _validate(body: dict[str, Any], version: str, validation: str) -> str | None
     import kubernetes_validate
 
     name = body.get("metadata", {}).get("name") or body.get("metadata", {}).get("generateName") or ""
-    described = f'{body.get("kind")}{"." + body["apiVersion"].split("/")[0] if "/" in str(body.get("apiVersion")) else ""}'
+    group = str(body.get("apiVersion")).rpartition("/")[0]
+    described = f'{body.get("kind")}{"." + group if group else ""}'
     try:
         kubernetes_validate.validate(body, version, strict=False)
     except kubernetes_validate.ValidationError as exc:

@@ -31,7 +31,8 @@ RESOURCES: dict[tuple[str, str], dict[str, tuple[str, bool, list[str]]]] = {
 SUBRESOURCES = {("", "v1"): {"pods/log": ("Pod", ["get"]), "pods/eviction": ("Eviction", ["create"])},
                 ("batch", "v1"): {"jobs/status": ("Job", ["get"])}}
 PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-                  r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$")
+                  r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<resource>[^/]+)"
+                  r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$")
 WATCH_SECONDS = 1800  # a watch without timeoutSeconds ends after this (the server's own bound)
 
 

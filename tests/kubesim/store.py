@@ -100,7 +100,8 @@ class Store:
         try:
             return self._objects[(resource, namespace, name)]
         except KeyError:
-            raise ApiError(404, "NotFound", f'{resource} "{name}" not found', {"name": name, "kind": resource}) from None
+            raise ApiError(404, "NotFound", f'{resource} "{name}" not found',
+                           {"name": name, "kind": resource}) from None
 
     def update(self, resource: str, namespace: str | None, name: str,
                change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
