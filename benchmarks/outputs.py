@@ -6,7 +6,10 @@ seconds the transfer itself took and its peak RSS:
 
 - launcher: a node's ``OutputsSync.sync()`` (upload, manifest included) and ``restore_newest`` (restore,
   reading the listing and the manifest);
-- boto3: ``upload_file`` / ``download_file`` of each file in turn (s3transfer's defaults);
+- boto3: ``upload_file`` / ``download_file`` of each file in turn (s3transfer's defaults: 8 MiB parts and
+  ranges, 10 at once; moto_server reads the whole object for each ranged GET, so its restore of one big file
+  grows with the square of the size there, where launcher's, one GET up to 128 MiB and at most 8 ranges
+  above, grows with the size);
 - s3fs: ``put_file`` / ``get_file`` of each file in turn.
 
 Clients are made before the clock starts (a node makes its own once); a restore's listing is timed. The
