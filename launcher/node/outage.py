@@ -86,8 +86,9 @@ class Outage:
                     self._watcher = None
                     return
                 silent = min(self._waiting, key=lambda request: request.heard)
+                under_way = self._began is not None  # its error stays the store's words for the last failure
             quiet = time.monotonic() - silent.heard
-            if quiet >= self.stall_after:
+            if quiet >= self.stall_after and not under_way:
                 self.failed(silent.heard, f"no answer to {silent.what} for {quiet:.0f}s", silent.url)
 
     def failed(self, last_heard: float, error: str, url: str) -> None:
