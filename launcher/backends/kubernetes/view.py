@@ -121,7 +121,9 @@ def fates(nodes: Sequence[str], job_ref: str, job: Mapping[str, Any] | None, pod
         elif phase == "Failed" and going_on and index not in failed_indexes:
             result[name] = NodeFate(True, reason=f"{ended(pod)}; the Job controller starts index {index} again")
         else:
-            result[name] = NodeFate(False, _exit_code(pod), ended(pod), None,
+            end = job_end(job) or ""
+            why = ended(pod) + (f"; Job {end}" if end.startswith("failed") else "")
+            result[name] = NodeFate(False, _exit_code(pod), why, None,
                                     _epoch(((_container(pod).get("state") or {}).get("terminated") or {})
                                            .get("finishedAt")),
                                     last_lines(pod) if phase == "Failed" else ())
