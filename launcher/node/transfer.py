@@ -316,9 +316,9 @@ class OciTransfers:
         upload_id = self._client.create_multipart_upload(
             namespace, bucket, CreateMultipartUploadDetails(object=name)).data.upload_id
         try:
-            parts = in_parallel(lambda number, _abandoned: self._upload_part(
-                handle, (namespace, bucket, name, upload_id), number, part_size, watch),
-                range(1, -(-size // part_size) + 1), watch, OCI_PARTS_AT_ONCE)
+            parts = in_parallel(lambda number, abandoned: self._upload_part(
+                handle, (namespace, bucket, name, upload_id), number, part_size, watch, abandoned),
+                range(1, -(-size // part_size) + 1), watch, OCI_PARTS_AT_ONCE, wait_for_running=True)
             self._client.commit_multipart_upload(namespace, bucket, name, upload_id,
                                                  CommitMultipartUploadDetails(parts_to_commit=parts))
         except BaseException:
@@ -326,7 +326,7 @@ class OciTransfers:
             raise
 
     def _upload_part(self, handle: BinaryIO, upload: tuple[str, str, str, str], number: int, part_size: int,
-                     watch: Watch) -> Any:
+                     watch: Watch, abandoned: threading.Event) -> Any:
         """Part ``number`` (from 1) read as bytes, which the SDK can send again when it retries.
 
         Not the SDK's MultipartObjectAssembler: it streams parts through a reader that its own retries cannot
@@ -334,6 +334,8 @@ class OciTransfers:
         from oci.object_storage.models import CommitMultipartUploadPartDetails
 
         with self._parts_in_memory:
+            if abandoned.is_set():
+                raise Cancelled("another part failed")
             watch.check()
             data = os.pread(handle.fileno(), part_size, (number - 1) * part_size)
             md5 = base64.b64encode(hashlib.md5(data).digest()).decode()  # the service checks the part against it
@@ -379,10 +381,12 @@ class OciTransfers:
         return True
 
 
-def in_parallel(action: Callable[[T, threading.Event], R], items: Iterable[T], watch: Watch, at_once: int) -> list[R]:
+def in_parallel(action: Callable[[T, threading.Event], R], items: Iterable[T], watch: Watch, at_once: int, *,
+                wait_for_running: bool = False) -> list[R]:
     """``action(item, abandoned)`` on every item, ``at_once`` at a time, each result in order; meanwhile the waiter
     checks ``watch``. On the first failure (or the watch's) what has not begun is cancelled, ``abandoned`` is set for
-    what runs (it ends at its next chunk), and the error is raised at once, not after them."""
+    what runs (it ends at its next chunk), and the error is raised: at once, or with ``wait_for_running`` once what
+    ran has ended (parts read from the caller's file, which it closes then)."""
     abandoned = threading.Event()
     pool = ThreadPoolExecutor(at_once, thread_name_prefix="launcher-part")
     futures: list[Future[R]] = [pool.submit(action, item, abandoned) for item in items]
@@ -398,4 +402,4 @@ def in_parallel(action: Callable[[T, threading.Event], R], items: Iterable[T], w
         abandoned.set()
         raise
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=wait_for_running, cancel_futures=True)

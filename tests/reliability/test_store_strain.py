@@ -371,8 +371,8 @@ def test_a_full_work_dir_fails_the_run_naming_the_file_and_where_it_stays(tmp_pa
                          rf"{run_id}\n", closing), closing
         assert "also failed" not in closing, closing
         for node in ("t-main", "t-worker-0"):  # P3: each node's files, and where they stay
-            assert f"\n  node {node}: not in the work dir, kept in {kept}/{node}/outputs: checkpoints/ck.pt" in closing, \
-                closing
+            line = f"\n  node {node}: not in the work dir, kept in {kept}/{node}/outputs: checkpoints/ck.pt"
+            assert line in closing, closing
             assert (kept / node / "outputs" / "checkpoints" / "ck.pt").stat().st_size == 1600 * 1024
         assert not [p for p in small_fs.rglob(".*") if p.name.endswith(".tmp")], list(small_fs.rglob("*"))
         for verb in (("status", run_id), ("watch", run_id)):
