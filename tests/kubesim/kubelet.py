@@ -415,7 +415,7 @@ class Kubelet:
         if container_id is not None:
             try:
                 self.docker.api.remove_container(container_id, force=True)
-            except docker.errors.NotFound:
+            except docker.errors.APIError:  # gone, or being removed (the simulation's end)
                 pass
         with self._lock:
             self._holding.discard(uid)
@@ -442,8 +442,13 @@ class Kubelet:
 
     def stop_all(self) -> None:
         """The simulation ends: every container it made goes."""
+        import docker.errors
+
         for found in self.docker.api.containers(all=True, filters={"label": f"{CONTAINER_LABEL}={self.sim_id}"}):
-            self.docker.api.remove_container(found["Id"], force=True)
+            try:
+                self.docker.api.remove_container(found["Id"], force=True)
+            except docker.errors.APIError:  # a pod's own thread removes it at this moment
+                pass
 
 
 class _ConfigError(Exception):

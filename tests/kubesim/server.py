@@ -209,7 +209,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._create(resource, kind, api_version, namespace, self._body(), query)
         if method == "GET" and name is None:
             match = _match(query)
-            if query.get("watch") in ("1", "true"):
+            if _true(query.get("watch")):
                 return self._watch(resource, kind, api_version, namespace, query, match)
             items, at = self.api.store.items(resource, namespace, match)
             return self._send(200, {"kind": f"{kind}List", "apiVersion": api_version,
@@ -255,7 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
         since = query.get("resourceVersion")
 
         def events() -> Iterator[bytes]:
-            initial = query.get("sendInitialEvents") == "true"
+            initial = _true(query.get("sendInitialEvents"))
             start = int(since) if since and since != "0" and not initial else None
             if start is None:
                 items, start = store.items(resource, namespace, match)
@@ -287,9 +287,9 @@ class _Handler(BaseHTTPRequestHandler):
                      query: dict[str, str]) -> None:
         if (resource, sub, method) == ("pods", "log", "GET"):
             pod = self.api.store.get("pods", namespace, name)
-            chunks = self.api.logs(pod, query.get("container"), follow=query.get("follow") in ("1", "true"),
+            chunks = self.api.logs(pod, query.get("container"), follow=_true(query.get("follow")),
                                    tail=int(query["tailLines"]) if "tailLines" in query else None,
-                                   previous=query.get("previous") in ("1", "true"))
+                                   previous=_true(query.get("previous")))
             return self._stream("text/plain", chunks)
         if (resource, sub, method) == ("pods", "eviction", "POST"):
             self._body()
@@ -298,6 +298,11 @@ class _Handler(BaseHTTPRequestHandler):
         if (resource, sub, method) == ("jobs", "status", "GET"):
             return self._send(200, self.api.store.get(resource, namespace, name))
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def _true(value: str | None) -> bool:
+    """A boolean query parameter as the server parses it (Go's strconv.ParseBool: 1, t, T, true, TRUE, True)."""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
 
 
 def _match(query: dict[str, str]) -> selectors.Match:
