@@ -54,6 +54,7 @@ HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
 PEER_GRACE_SECONDS = 5.0  # how long a node whose ranks only lost a peer waits for that peer's failure marker
 PEER_POLL_SECONDS = 0.5
+PEER_ROOT_SECONDS = 1.0  # how long a node whose ranks lost a peer looks for what happened to it, for its message
 
 
 class TooFewGpus(Exception):
@@ -212,11 +213,29 @@ class Node:
                 return self._conclude(outcome)
             if outcome.round_end is not None:
                 rounds.end(number, outcome.round_end)
-            self.say(f"round {number} ended: {outcome.reason or 'another node ended it'}")
+            self.say(f"round {number} ended: {self._round_end_words(outcome, rounds, number)}")
             failure = self._sync_failure()  # what it wrote reaches the work dir, for the next round's restore
             if failure:
                 return self._finish("failed", failure, EXIT_STORE, mark_failed=True)
             number += 1
+
+    def _round_end_words(self, outcome: _Outcome, rounds: Rounds, number: int) -> str:
+        """Why the round ended here. Ranks that only lost a peer (a gloo or NCCL connection error) name what
+        happened to it when another record says so within a moment, as the node that saw it first does."""
+        if outcome.round_end is None or outcome.round_end.kind != PEER:
+            return outcome.reason or "another node ended it"
+        deadline = time.monotonic() + PEER_ROOT_SECONDS
+        while True:
+            try:
+                roots = [end for end in rounds.ends(number) if end.kind not in (PEER, JOIN)]
+            except StoreError:
+                roots = []
+            if roots or time.monotonic() >= deadline:
+                break
+            time.sleep(rounds.timing.end_check)  # the work dir offers no change notification: poll it
+        if not roots:
+            return outcome.reason or "a peer was lost"
+        return f"{describe_end(min(roots, key=lambda end: end.at))} (its ranks here lost their connection to it)"
 
     def _members_text(self, current: Round, policy: Policy) -> str:
         elastic = self.settings.recovery and self.settings.recovery.get("maxNodes")  # static: every node, always
