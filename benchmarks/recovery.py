@@ -14,7 +14,7 @@ the time it was written):
 For comparison, "restart": a new run of the same spec, from `launcher run` to its first epoch line,
 what a retry of the whole run costs before it trains again (not counting the epochs it repeats).
 
-    .venv/bin/python benchmarks/recovery.py [--repeats 3] [--backend docker]
+    .venv/bin/python benchmarks/recovery.py [--repeats 3] [--backend docker] [--timeline]
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def wait_for_line(run_dir: Path, text: str, timeout: float = 180) -> float:
 class Setup:
     """The backend's spec of the benchmark's run, and how it kills a node."""
 
-    def __init__(self, backend: str, home: Path) -> None:
-        self.backend, self.home = backend, home
+    def __init__(self, backend: str, home: Path, show_timeline: bool = False) -> None:
+        self.backend, self.home, self.show_timeline = backend, home, show_timeline
         self.image = None
         if backend == "docker":
             from dockerenv import ensure_base_image
@@ -95,6 +95,10 @@ def one(victim: str, setup: Setup) -> tuple[float, float]:
     killed = time.time()
     setup.kill(run_id, victim)
     subprocess.run([*LAUNCHER, "watch", run_id], env=env, capture_output=True, timeout=300)
+    if setup.show_timeline:  # where the recovery's seconds went, phase by phase
+        shown = subprocess.run([*LAUNCHER, "timeline", run_id], env=env, capture_output=True, text=True)
+        print(f"killed {victim} at {killed - json.loads((run_dir / 'run.json').read_text())['created_at']:.2f} s "
+              f"from submit\n{shown.stdout}", file=sys.stderr)
     after = [(t, node, line) for t, node, line in log_lines(run_dir) if t > killed]
     back = next(t for t, node, line in after if node != victim and "resuming after epoch" in line)
     joined = next(t for t, node, line in after if node == victim and "resuming after epoch" in line)
@@ -118,9 +122,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", choices=("local", "docker"), default="local")
+    parser.add_argument("--timeline", action="store_true", help="print each recovered run's timeline (stderr)")
     options = parser.parse_args()
     repeats = options.repeats
-    setup = Setup(options.backend, Path(tempfile.mkdtemp(prefix="bench-recovery-home-")))
+    setup = Setup(options.backend, Path(tempfile.mkdtemp(prefix="bench-recovery-home-")), options.timeline)
     results = {victim: [one(victim, setup) for _ in range(repeats)] for victim in ("t-worker-1", "t-main")}
     restarts = [whole_restart(setup) for _ in range(repeats)]
     print(f"{options.backend} backend, 3 nodes (elastic, min 2), {repeats} runs each, median seconds after SIGKILL:")

@@ -40,6 +40,7 @@ from launcher.node.restore import restore_watched
 from launcher.node.rendezvous import (Decision, RendezvousError, RendezvousStopped,
                                       RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
+from launcher.node.spare import Spare
 from launcher.node.status import StatusRecord, status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.node.torchrun_shim import EXIT_NO_MAIN
@@ -108,6 +109,7 @@ class Node:
         self.processes = 1
         self.started = time.monotonic()
         self.stacks_dir = ""
+        self.spare = Spare()  # a torchrun with its imports done, for the next round
         self.sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
         self.ending = threading.Event()  # set by a signal: transfers under way (a restore) stop at their next chunk
 
@@ -127,6 +129,7 @@ class Node:
             signal.signal(signum, self._on_signal)
         try:
             self.events.start()
+            self.spare.prepare()
             return self._main()
         except Stopped as stop:
             return self._finish("cancelled", str(stop), EXIT_CANCELLED)
@@ -142,6 +145,7 @@ class Node:
         except (RendezvousError, StoreError) as exc:
             return self._finish("failed", str(exc), EXIT_STORE, mark_failed=True)
         finally:
+            self.spare.discard()
             self.shipper.close()
 
     def _main(self) -> int:
@@ -304,11 +308,11 @@ class Node:
         argv = torchrun_argv(decision, settings, self.processes, log_dir=log_dir,
                              wait_seconds=settings.rendezvous_timeout)
         self.say(f"starting: {shlex.join(argv)}")
-        self.proc = subprocess.Popen(argv, env=training_env(os.environ, decision, settings, self.processes,
-                                                            self.stacks_dir, number),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=die_with_parent())
-        self.events.record(TORCHRUN, round=number)
+        env = training_env(os.environ, decision, settings, self.processes, self.stacks_dir, number)
+        spare = self.spare.take(argv, env)
+        self.proc = spare or subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                              start_new_session=True, preexec_fn=die_with_parent())
+        self.events.record(TORCHRUN, round=number, spare=bool(spare) or None)
         rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, self.events.first_line(number),
                              self.events.rank_exited(number)).start()
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
@@ -395,6 +399,11 @@ class Node:
                     if self._round_ended(rounds, number, members):
                         self.say(f"round {number} ends ({self._round_end_text(rounds, number)}): stopping training")
                         return _Ended(self._terminate(), round_over=True)
+                if rounds is not None and rank_logs.last_line_at:
+                    # Another round may follow: its torchrun imports while this one trains (not before its first
+                    # line: on a machine with few cores it would slow the round's own start). Started from this
+                    # thread, which lives as long as the node: a child dies with the thread that started it.
+                    self.spare.prepare()
                 now = time.monotonic()
                 if now >= next_heartbeat:
                     self.status.heartbeat()

@@ -99,19 +99,33 @@ def capture(stacks_dir: str, local_ranks: range) -> Capture:
 
 
 def live_training_pids(stacks_dir: str) -> list[int]:
-    """This node's training processes still alive: the pid each recorded in its stack file, where that process
-    still carries this node's stacks dir in its environment (a pid reused since by another process does not)."""
+    """This node's training processes still alive: the pid each recorded in its stack file, where that process is
+    the one that wrote it, not another that got the pid since: it started before the file was last written (a
+    later process could not have), or it carries this node's stacks dir in the environment it started with (a
+    process forked from torchrun's, :mod:`launcher.node.forkstart`, shows torchrun's there)."""
     marker = f"LAUNCHER_STACKS_DIR={stacks_dir}".encode()
     alive = []
     for path in Path(stacks_dir).glob("*.stack"):
         pid = _pid_of(path)
         try:
+            written = path.stat().st_mtime
             environ = Path(f"/proc/{pid}/environ").read_bytes() if pid else b""
+            started = _start_time(pid) if pid else None
         except OSError:
             continue
-        if marker in environ.split(b"\0"):
+        if marker in environ.split(b"\0") or (started is not None and started <= written):
             alive.append(pid)
     return alive
+
+
+def _start_time(pid: int) -> float | None:
+    """When process ``pid`` started (Unix time, to the clock tick), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        since_boot = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (since_boot - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
 
 
 def _pid_of(path: Path) -> int | None:

@@ -5,7 +5,12 @@ Run as ``python -m launcher.node.torchrun_shim [HOST PORT SECONDS] -- TORCHRUN_A
 HOST PORT SECONDS (workers), it imports torchrun first (over a second of torch imports) and then
 waits for the port, so a worker's start-up overlaps the main's instead of following it; torchrun's
 own rendezvous begins only after the port answers. Exits with :data:`EXIT_NO_MAIN` if the port does
-not answer in time. The output pipes: :mod:`launcher.node.rankpipes`.
+not answer in time. The output pipes: :mod:`launcher.node.rankpipes`; the training processes are forked
+from this process where they can be (:mod:`launcher.node.forkstart`).
+
+``python -m launcher.node.torchrun_shim --spare`` imports all that and then waits for its command line and
+environment, one JSON object on stdin (:mod:`launcher.node.spare`): a node keeps one ready before it knows
+the next round's ranks. Ends quietly when stdin closes with nothing.
 """
 
 from __future__ import annotations
@@ -16,19 +21,29 @@ import time
 
 EXIT_NO_MAIN = 75  # EX_TEMPFAIL
 READERS_SECONDS = 5.0  # at most this long for the node to open the last pipes (it looks every 0.1 s)
-USAGE = "usage: torchrun_shim [HOST PORT SECONDS] -- TORCHRUN_ARGS..."
+SPARE = "--spare"
+USAGE = "usage: torchrun_shim [HOST PORT SECONDS] -- TORCHRUN_ARGS...  |  torchrun_shim --spare"
 
 
 def main(argv: list[str]) -> int:
+    if argv == [SPARE]:
+        command = _await_command()
+        if command is None:
+            return 0
+        argv = command["argv"]
+        os.environ.clear()
+        os.environ.update(command["env"])
     if "--" not in argv or argv.index("--") not in (0, 3):
         raise SystemExit(USAGE)
     wait, torchrun_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     from torch.distributed import run
 
+    from launcher.node import forkstart
     from launcher.node.rankpipes import await_readers, with_rank_pipes
 
     if wait and not _main_answers(*wait):
         return EXIT_NO_MAIN
+    forkstart.install()
     run.config_from_args = with_rank_pipes(run.config_from_args)
     sys.argv = ["torchrun", *torchrun_args]
     try:
@@ -41,6 +56,17 @@ def main(argv: list[str]) -> int:
     finally:
         await_readers(READERS_SECONDS)
     return 0
+
+
+def _await_command() -> dict | None:
+    """Import what torchrun needs, then wait for the command line and environment the node sends."""
+    import importlib
+    import json
+
+    for module in ("torch.distributed.run", "launcher.node.forkstart", "launcher.node.rankpipes"):
+        importlib.import_module(module)  # now, while the node waits for its round
+    line = sys.stdin.readline()
+    return json.loads(line) if line.strip() else None
 
 
 def _exit_code(code: object) -> int:

@@ -169,6 +169,8 @@ def _node_detail(event: dict[str, Any]) -> str:
         return f"node rank {event['rank']}"
     if phase == node_events.STARTED and event.get("pid"):
         return f"pid {event['pid']}"
+    if phase == node_events.TORCHRUN and event.get("spare"):
+        return "a spare, its imports done"
     return ""
 
 
