@@ -167,6 +167,7 @@ class WorkDir:
     def gone(self) -> bool:
         """This client has given up on the store: it was unreachable for the outage limit."""
         return self.outage.exhausted()
+
     def local_stamp(self, prefixes: tuple[str, ...]) -> tuple[int, ...] | None:
         """For a local work dir, the modification times of these prefixes' directories: a record written (by
         rename) into one changes its stamp, so a reader can look again at once instead of on its next round.
@@ -180,7 +181,6 @@ class WorkDir:
             except OSError:
                 stamp.append(0)
         return tuple(stamp)
-
 
     def _given_up(self, what: str, key: str | None, error: str) -> StoreError:
         """The error for an operation the outage ended; the clock is told, for clocks that start afresh after."""
