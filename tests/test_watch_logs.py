@@ -9,6 +9,7 @@ follower finds each next chunk by its name instead of listing the whole log.
 from __future__ import annotations
 
 import io
+import os
 import re
 import threading
 
@@ -91,7 +92,7 @@ def test_lines_of_a_process_that_ended_before_the_node_found_its_pipe_survive_to
     shipper, exits = _Lines(), []
     rank_logs = RankLogs(str(tmp_path / "logs"), shipper, io.BytesIO(),
                          exited=lambda rank, at: exits.append(rank)).start()
-    rankpipes.await_readers(10)
+    rankpipes.await_readers(10, os.getppid())
     specs._release()  # torchrun ends: its hold on the pipe goes
     rank_logs.close()
     assert shipper.lines == [("out", "said before the node looked", 0)]

@@ -136,6 +136,11 @@ class Backend(ABC):
         """What the backend itself knows of each node (running, or ended how); {} when it cannot tell."""
         return {}
 
+    # How old an answer of the engine (a batch system's job states) may be when the backend gives it: a reader that
+    # sees the run end looks again once that long after, so that the engine's own end of a job (a time limit) is
+    # recorded before the run's result is said.
+    engine_answer_seconds = 0.0
+
     def engine_state(self, info: RunInfo) -> str | None:
         """The engine's own one-line view of the run beside the work dir's (a batch job waiting and why); None
         where the backend has none to add."""

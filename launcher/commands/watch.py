@@ -244,6 +244,7 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
     unwritable = False  # the work dir refused the lost nodes' records once: they are derived, not tried again
     next_view = 0.0
     stamp = None
+    confirmed = False  # an ended view read again with a fresh answer of the engine (engine_answer_seconds)
     while True:
         now_stamp = follower.run.local_stamp(VIEW_PREFIXES)
         if now_stamp != stamp:  # a node's status or a marker was written: the run's end is seen at once
@@ -272,6 +273,11 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
                 follower.state_changes(view, states)
             next_view = time.monotonic() + VIEW_SECONDS
         follower.poll(final=view.ended)  # after reading the view: a node's last chunk precedes its final status
+        if view.ended and not confirmed and backend.engine_answer_seconds:
+            confirmed = True  # the engine's answer may predate what ended the nodes: once more with a fresh one
+            time.sleep(backend.engine_answer_seconds)
+            next_view = 0.0
+            continue
         if view.ended:
             backend.release(info)
             break

@@ -435,7 +435,10 @@ class Node:
         cause = diagnose(self.torchrun_output, rank_logs.tails)
         # Did training fail because the run was cancelled or a peer failed first? Then that is the cause; but a
         # rank here that raised an error of its own (not a lost peer) failed on its own too: "also failed".
-        if not ended.stopped and cause.exception and not lost_a_peer(cause):
+        # torchrun signalled along with this node (Slurm's scancel or time limit signals a whole step) ended on its
+        # own as the node was stopping: the stop is the cause, not torchrun's SignalException.
+        stopping = self.stop_request is not None and cause.torchrun
+        if not ended.stopped and cause.exception and not lost_a_peer(cause) and not stopping:
             return _Outcome("failed", describe_cause(cause.to_dict()), cause.exit_code or ended.code,
                             mark_failed=True, details={"cause": cause.to_dict()})
         self.stop_request = self.stop_request or self._peer_stop(cause)

@@ -53,13 +53,13 @@ class RankPipes(DefaultLogsSpecs):
 _HELD_PATHS: list[str] = []  # every pipe this torchrun made, of every attempt
 
 
-def await_readers(seconds: float) -> None:
+def await_readers(seconds: float, node_pid: int) -> None:
     """Wait (at most ``seconds``) until the node has opened every pipe: a process that wrote its lines and
     ended before the node found its pipe leaves them in the pipe, and they are lost once torchrun, the last
-    to hold it open, ends."""
+    to hold it open, ends. Not at all once the node (``node_pid``, torchrun's parent) is gone: nobody will."""
     deadline = time.monotonic() + seconds
     waiting = [path for path in _HELD_PATHS if os.path.exists(path)]
-    while waiting and time.monotonic() < deadline:
+    while waiting and time.monotonic() < deadline and os.getppid() == node_pid:
         waiting = [path for path in waiting if not os.path.exists(reading_marker(path))]
         if waiting:
             time.sleep(0.01)  # the node looks for new pipes every 0.1 s: a few rounds at most

@@ -26,6 +26,7 @@ USAGE = "usage: torchrun_shim [HOST PORT SECONDS] -- TORCHRUN_ARGS...  |  torchr
 
 
 def main(argv: list[str]) -> int:
+    node_pid = os.getppid()
     if argv == [SPARE]:
         command = _await_command()
         if command is None:
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
         sys.excepthook(*sys.exc_info())
         return 1
     finally:
-        await_readers(READERS_SECONDS)
+        await_readers(READERS_SECONDS, node_pid)
     return 0
 
 

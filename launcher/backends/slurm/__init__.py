@@ -352,6 +352,8 @@ class SlurmBackend(Backend):
         except OSError:
             return None
 
+    engine_answer_seconds = JOB_ANSWER_SECONDS
+
     def engine_state(self, info: RunInfo) -> str | None:
         from launcher.runs.attempts import CURRENT
 

@@ -71,7 +71,7 @@ class Job:
             (self.past_time_limit and self.state != "OUT_OF_MEMORY")
 
     def why_ended(self) -> str:
-        if self.past_time_limit and self.state != "TIMEOUT":
+        if (self.past_time_limit or self.state == "TIMEOUT") and self.time_limit:
             return f"its time limit of {self.time_limit / 60:g} min ran out (TIMEOUT)"
         return self.describe()
 
