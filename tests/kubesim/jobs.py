@@ -75,10 +75,7 @@ class JobController:
     def _loop(self) -> None:
         seen = -1
         while not self.store.closed:
-            with self.store.changed:
-                if self.store.version == seen:
-                    self.store.changed.wait(1.0)  # woken by every change; the second is for ttlSecondsAfterFinished
-                seen = self.store.version
+            seen = self.store.after(seen, 1.0)  # woken by every change; the second is for ttlSecondsAfterFinished
             for job in self.store.items("jobs")[0]:
                 try:
                     self._sync(job)

@@ -89,10 +89,7 @@ class Kubelet:
     def _loop(self) -> None:
         seen = -1
         while not self.store.closed:
-            with self.store.changed:
-                if self.store.version == seen:
-                    self.store.changed.wait(1.0)
-                seen = self.store.version
+            seen = self.store.after(seen, 1.0)
             pods = self.store.items("pods")[0]
             for pod in pods:
                 try:

@@ -62,6 +62,13 @@ class Store:
     def version(self) -> int:
         return self._version
 
+    def after(self, seen: int, timeout: float) -> int:
+        """Wait until the store changes past version ``seen`` (or ``timeout`` passes); the version now."""
+        with self.changed:
+            if self.version == seen:
+                self.changed.wait(timeout)
+            return self.version
+
     def _record(self, resource: str, namespace: str | None, kind: str, body: dict[str, Any]) -> None:
         self._history.append(Change(self._version, resource, namespace, kind, copy.deepcopy(body)))
         del self._history[:-HISTORY]
