@@ -40,6 +40,9 @@ if os.environ.get("EXIT_WITH") and rank == 1:
 """
 
 
+FORK = [{"name": "LAUNCHER_WARM_START", "value": "fork"}]  # forking training processes is opt-in
+
+
 def run(tmp_path: Path, script: str, env: list | None = None, *, args: list | None = None):
     (tmp_path / "extra").mkdir(exist_ok=True)
     spec = write_spec(tmp_path, script, nodes=2, args=args, extra_cluster={"processesPerNode": 2},
@@ -54,7 +57,7 @@ def facts_of(work: Path) -> dict[int, dict]:
 
 
 def test_training_processes_are_forked_warm_and_are_what_a_fresh_start_would_be(tmp_path):
-    done, work = run(tmp_path, PROBE, args=["--lr", "0.1"])
+    done, work = run(tmp_path, PROBE, FORK, args=["--lr", "0.1"])
     assert done.returncode == 0, done.stdout + done.stderr
     facts = facts_of(work)
     assert sorted(facts) == [0, 1, 2, 3]
@@ -73,18 +76,19 @@ def test_training_processes_are_forked_warm_and_are_what_a_fresh_start_would_be(
 
 
 def test_a_forked_process_exit_status_and_traceback_reach_the_node(tmp_path):
-    done, _ = run(tmp_path, PROBE, env=[{"name": "EXIT_WITH", "value": "3"}])
+    done, _ = run(tmp_path, PROBE, env=[*FORK, {"name": "EXIT_WITH", "value": "3"}])
     assert done.returncode != 0
     assert "cause: rank 1 exited with status 3" in done.stdout, done.stdout
     raises = "import os\nif os.environ['RANK'] == '2':\n    raise ValueError('bad batch 17')\n"
-    done, _ = run(tmp_path, raises)
+    done, _ = run(tmp_path, raises, FORK)
     assert done.returncode != 0
     assert "ValueError: bad batch 17" in done.stdout, done.stdout
     assert "job.py:3" in done.stdout, "the cause names the user's own line"
 
 
-def test_warm_starts_off_start_every_process_afresh(tmp_path):
-    done, work = run(tmp_path, PROBE, env=[{"name": "LAUNCHER_WARM_START", "value": "0"}])  # the spec's env
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_without_fork_every_training_process_starts_afresh(tmp_path, setting):
+    done, work = run(tmp_path, PROBE, [{"name": "LAUNCHER_WARM_START", "value": setting}] if setting else [])
     assert done.returncode == 0, done.stdout + done.stderr
     facts = facts_of(work)
     assert sorted(facts) == [0, 1, 2, 3] and not any(said["warm"] for said in facts.values())
@@ -95,7 +99,7 @@ def test_a_module_entry_is_forked_as_python_m_runs_it(tmp_path, entry):
     (tmp_path / "jobmod.py").write_text(PROBE)
     (tmp_path / "extra").mkdir()
     spec = write_spec(tmp_path, "", nodes=2, entry=entry, extra_cluster={"processesPerNode": 2},
-                      env=[{"name": "PYTHONPATH", "value": str(tmp_path / "extra")}])
+                      env=[{"name": "PYTHONPATH", "value": str(tmp_path / "extra")}, *FORK])
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, env={**os.environ, "LAUNCHER_HOME": str(tmp_path / "home")},
                    timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

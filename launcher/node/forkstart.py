@@ -10,7 +10,9 @@ process loaded torch), launcher's rank hooks; at its end ``atexit`` runs and fil
 as a fresh interpreter's end would do, before ``os._exit`` (it must never return into torchrun's code).
 
 Only ``python -u SCRIPT`` and ``python -u -m MODULE`` are forked; ``--no-python`` programs start as before, and
-``LAUNCHER_WARM_START=0`` starts every process the usual way.
+Forking is opt-in, ``LAUNCHER_WARM_START=fork``: a new-user trial found programs it breaks (a DataLoader with
+worker processes hung; a class defined in ``__main__`` did not unpickle in a spawned child; threads still
+running at the script's end were cut off). Without it every process starts the usual way.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import weakref
 from types import TracebackType
 from typing import Any
 
-WARM_START_ENV = "LAUNCHER_WARM_START"  # "0": every process starts afresh (here and in launcher.node.spare)
+WARM_START_ENV = "LAUNCHER_WARM_START"  # "fork": fork training processes; "0": no spare torchrun either
 HOOKS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rankhooks", "sitecustomize.py")
 _RESET_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)
 
@@ -65,7 +67,7 @@ class ForkedProcess:
 
 def forkable(args: tuple) -> tuple[str, str] | None:
     """("script" | "module", its name) when ``args`` is this interpreter running a script or module unbuffered."""
-    if os.environ.get(WARM_START_ENV, "1") == "0" or len(args) < 3 or args[0] != sys.executable or args[1] != "-u":
+    if os.environ.get(WARM_START_ENV) != "fork" or len(args) < 3 or args[0] != sys.executable or args[1] != "-u":
         return None
     if args[2] == "-m":
         return ("module", args[3]) if len(args) > 3 else None
