@@ -1,8 +1,15 @@
-"""How a process that ended by a signal is reported: the shell's status 128+N and the signal's name."""
+"""The node's exit statuses (see :mod:`launcher.node.main`), and how a process that ended by a signal is reported:
+the shell's status 128+N and the signal's name."""
 
 from __future__ import annotations
 
 import signal
+
+EXIT_PEER_FAILED = 1
+EXIT_BAD_ENV = 2
+EXIT_STORE = 3
+EXIT_TIMED_OUT = 124  # maxRuntime or the hang watchdog, as timeout(1) reports it
+EXIT_CANCELLED = 130
 
 
 def signal_name(signum: int) -> str:

@@ -31,7 +31,8 @@ from launcher.node.rounds import Round, Rounds, RunOver, Timing, describe_end
 from launcher.runs.recovery import FAILURE, JOIN, KILLED, LEAVE, PEER, Policy, RoundEnd
 from launcher.node.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
 from launcher.node.childproc import ExitEvent, die_with_parent, terminate
-from launcher.node.exits import signal_name
+from launcher.node.exits import (EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, EXIT_TIMED_OUT,
+                                 signal_name)
 from launcher.node.hangwatch import HangWatch
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, node_address
@@ -46,11 +47,6 @@ from launcher.node.store import StoreError, WorkDir
 from launcher.node.torchrun_shim import EXIT_NO_MAIN
 from launcher.wording import plural
 
-EXIT_PEER_FAILED = 1
-EXIT_CANCELLED = 130
-EXIT_BAD_ENV = 2
-EXIT_STORE = 3
-EXIT_TIMED_OUT = 124  # maxRuntime or the hang watchdog, as timeout(1) reports it
 HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
 PEER_GRACE_SECONDS = 5.0  # how long a node whose ranks only lost a peer waits for that peer's failure marker
