@@ -1,11 +1,14 @@
-"""Warm starts: training processes forked from torchrun's process (torch imported), and a spare torchrun kept
-ready for the next round. Real local runs with real torchrun: the script checks from inside that it is what a
-fresh `python -u job.py` would be."""
+"""Warm starts: training processes that are interpreters started (torch imported) before their round, handed their
+script by the spare torchrun. Real local runs with real torchrun: each script reports from inside what it sees,
+and a warm start must see what a fresh `python -u job.py` (LAUNCHER_WARM_START=0) sees."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,96 +16,206 @@ import pytest
 from cluster import write_spec
 from clirun import run_id_from
 from conftest import run_cli
+from launcher.node.warmstart import WarmInterpreter, entry_of
 
-# Written before `import torch`: whether torch was there already says whether this process was forked warm.
+# Written before `import torch`: whether torch was there already says whether this process started warm.
 PROBE = """
 import sys
 warm = "torch" in sys.modules
-import atexit, os, random, threading
+import atexit, os, random
 import torch
+
+def annotated(x: int) -> None: ...
+
 rank = int(os.environ["RANK"])
 facts = {
-    "warm": warm, "name": __name__, "argv": sys.argv, "path0": sys.path[0], "own_session": os.getsid(0) == os.getpid(),
-    "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"), "random": random.random(),
-    "pythonpath_before_stdlib": sys.path.index(os.path.abspath("extra")) < sys.path.index(os.path.dirname(os.__file__)),
-    "stack_file": hasattr(sys, "launcher_stack_file"),
+    "warm": warm, "name": __name__, "argv": sys.argv, "orig_argv": sys.orig_argv[1:], "path": sys.path,
+    "spec": repr(__spec__), "file": __file__, "loader": type(__loader__).__name__,
+    "main_is_me": sys.modules["__main__"].__dict__ is globals(), "own_session": os.getsid(0) == os.getpid(),
+    "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"), "cwd": os.getcwd(),
+    "stack_file": hasattr(sys, "launcher_stack_file"), "annotation": repr(annotated.__annotations__["x"]),
+    "stdout": [sys.stdout is sys.__stdout__, sys.stdout.line_buffering, sys.stdout.write_through,
+               sys.stderr.errors, sys.stdout.encoding],
+    "open_fds": len(os.listdir("/proc/self/fd")), "stdin_at_end": sys.stdin.read(), "flags": repr(sys.flags),
+    "random": random.random(), "hash": hash("same text"),
 }
 out = os.environ["LAUNCHER_OUTPUTS_DIR"]
 left_open = open(os.path.join(out, f"left-open-{rank}.txt"), "w")  # never closed, never flushed by the script
 left_open.write("x" * 100 + "\\n")
 atexit.register(lambda: open(os.path.join(out, f"atexit-{rank}.txt"), "w").write("ran"))
 with open(os.path.join(out, f"facts-{rank}.json"), "w") as handle:
-    json_text = __import__("json").dumps(facts)
-    handle.write(json_text)
+    handle.write(__import__("json").dumps(facts))
 print(f"rank {rank} warm={warm}", flush=True)
 if os.environ.get("EXIT_WITH") and rank == 1:
     sys.exit(int(os.environ["EXIT_WITH"]))
 """
 
+# Programs that broke training processes forked from torchrun's process (an earlier design): each must run as
+# it does from a fresh start.
+PROGRAMS = """
+import concurrent.futures, gzip, multiprocessing, os, threading, time
+import torch
+from torch.utils.data import DataLoader, Dataset
 
-FORK = [{"name": "LAUNCHER_WARM_START", "value": "fork"}]  # forking training processes is opt-in
+class Squares(Dataset):
+    def __len__(self): return 64
+    def __getitem__(self, i): return torch.full((8,), float(i * i))
+
+class Note:  # defined in __main__: a spawned child must unpickle it, so it must import this script as __mp_main__
+    def __init__(self, text): self.text = text
+
+def read_note(note): return note.text.upper()
+
+if __name__ == "__main__":
+    out, rank = os.environ["LAUNCHER_OUTPUTS_DIR"], os.environ["RANK"]
+    total = sum(float(batch.sum()) for batch in DataLoader(Squares(), batch_size=4, num_workers=2))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        spawned = pool.apply(read_note, (Note("from main"),))
+    with open(os.path.join(out, f"result-{rank}.json"), "w") as handle:
+        handle.write(__import__("json").dumps({"total": total, "spawned": spawned}))
+    left = gzip.open(os.path.join(out, f"left-open-{rank}.gz"), "wt")  # never closed: finalisation ends it
+    left.write("compressed " * 1000)
+    def later():
+        time.sleep(0.3)  # still working when the script's last line has run: the interpreter waits for it
+        open(os.path.join(out, f"thread-{rank}.txt"), "w").write("finished")
+    threading.Thread(target=later).start()
+    executor = concurrent.futures.ThreadPoolExecutor(1)
+    executor.submit(lambda: open(os.path.join(out, f"executor-{rank}.txt"), "w").write("finished"))
+"""
+
+COLD = [{"name": "LAUNCHER_WARM_START", "value": "0"}]
 
 
-def run(tmp_path: Path, script: str, env: list | None = None, *, args: list | None = None):
+def run(tmp_path: Path, script: str, env: list | None = None, *, args: list | None = None, nodes: int = 2,
+        processes: int = 2):
     (tmp_path / "extra").mkdir(exist_ok=True)
-    spec = write_spec(tmp_path, script, nodes=2, args=args, extra_cluster={"processesPerNode": 2},
+    spec = write_spec(tmp_path, script, nodes=nodes, args=args, extra_cluster={"processesPerNode": processes},
                       env=[{"name": "PYTHONPATH", "value": str(tmp_path / "extra")}, *(env or [])])
     environment = {**os.environ, "LAUNCHER_HOME": str(tmp_path / "home")}
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, env=environment, timeout=300)
     return done, tmp_path / "wd" / run_id_from(done.stdout)
 
 
-def facts_of(work: Path) -> dict[int, dict]:
-    return {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in work.glob("outputs/*/facts-*.json")}
+def facts_of(work: Path, name: str = "facts") -> dict[int, dict]:
+    return {int(path.stem.split("-")[1]): json.loads(path.read_text()) for path in work.glob(f"outputs/*/{name}-*.json")}
 
 
-def test_training_processes_are_forked_warm_and_are_what_a_fresh_start_would_be(tmp_path):
-    done, work = run(tmp_path, PROBE, FORK, args=["--lr", "0.1"])
-    assert done.returncode == 0, done.stdout + done.stderr
-    facts = facts_of(work)
-    assert sorted(facts) == [0, 1, 2, 3]
-    for rank, said in facts.items():
-        assert said["warm"], f"rank {rank} imported torch itself: it was not forked from torchrun"
-        assert said["name"] == "__main__" and said["argv"] == ["job.py", "--lr", "0.1"]
-        assert said["path0"] == str(tmp_path) and said["pythonpath_before_stdlib"]
-        assert said["own_session"], "torchrun stops a process by its group: each must lead its own"
-        assert said["threads"] == int(said["omp"]) == 1, "OMP_NUM_THREADS, which torchrun sets, must hold"
-        assert said["stack_file"], "launcher's rank hooks (stacks on a signal) run in a forked process too"
-    assert len({said["random"] for said in facts.values()}) == 4, "every process has its own random seed"
+def test_training_processes_start_warm_and_see_what_a_fresh_start_sees(tmp_path):
+    runs = {}
+    for label, env in (("warm", []), ("cold", COLD)):
+        (tmp_path / label).mkdir()
+        done, work = run(tmp_path / label, PROBE, env, args=["--lr", "0.1"])
+        assert done.returncode == 0, done.stdout + done.stderr
+        runs[label] = facts_of(work)
+        assert sorted(runs[label]) == [0, 1, 2, 3]
+        for rank in range(4):
+            left_open = next(work.glob(f"outputs/*/left-open-{rank}.txt"))
+            assert left_open.read_text() == "x" * 100 + "\n", "a file left open is flushed at the end"
+            assert next(work.glob(f"outputs/*/atexit-{rank}.txt")).read_text() == "ran"
+    warm, cold = runs["warm"], runs["cold"]
+    assert all(said["warm"] for said in warm.values()), "a training process imported torch itself: not warm"
+    assert not any(said["warm"] for said in cold.values())
+    for label, facts in runs.items():
+        assert len({said["random"] for said in facts.values()}) == 4, f"{label}: every process has its own seed"
+        assert len({said["hash"] for said in facts.values()}) == 4, f"{label}: every process its own hash seed"
+    same = {"warm", "random", "hash"}
     for rank in range(4):
-        left_open = next(work.glob(f"outputs/*/left-open-{rank}.txt"))
-        assert left_open.read_text() == "x" * 100 + "\n", "a file left open is flushed at the end, as a fresh end does"
-        assert next(work.glob(f"outputs/*/atexit-{rank}.txt")).read_text() == "ran"
+        in_warm = {key: value for key, value in warm[rank].items() if key not in same}
+        in_cold = {key: value.replace("/cold", "/warm") if isinstance(value, str) else value
+                   for key, value in cold[rank].items() if key not in same}
+        in_cold["path"] = [entry.replace("/cold", "/warm") for entry in in_cold["path"]]
+        in_cold["argv"] = cold[rank]["argv"]
+        assert in_warm == in_cold, f"rank {rank}: a warm start differs from a fresh one"
+    said = warm[0]
+    assert said["name"] == "__main__" and said["argv"] == ["job.py", "--lr", "0.1"] and said["main_is_me"]
+    assert said["threads"] == int(said["omp"]) == 1, "OMP_NUM_THREADS, which torchrun sets, must hold"
+    assert said["stack_file"], "launcher's rank hooks (stacks on a signal) run in a warm process too"
+    assert said["annotation"] == "<class 'int'>", "the script is compiled with its own future imports only"
 
 
-def test_a_forked_process_exit_status_and_traceback_reach_the_node(tmp_path):
-    done, _ = run(tmp_path, PROBE, env=[*FORK, {"name": "EXIT_WITH", "value": "3"}])
+def test_programs_with_worker_processes_threads_and_open_files_run_warm_as_they_do_fresh(tmp_path):
+    done, work = run(tmp_path, PROGRAMS, nodes=2, processes=1)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        result = json.loads(next(work.glob(f"outputs/*/result-{rank}.json")).read_text())
+        assert result == {"total": 8.0 * sum(i * i for i in range(64)), "spawned": "FROM MAIN"}
+        with gzip.open(next(work.glob(f"outputs/*/left-open-{rank}.gz")), "rt") as handle:
+            assert handle.read() == "compressed " * 1000
+        assert next(work.glob(f"outputs/*/thread-{rank}.txt")).read_text() == "finished"
+        assert next(work.glob(f"outputs/*/executor-{rank}.txt")).read_text() == "finished"
+
+
+def test_a_warm_process_exit_status_and_traceback_reach_the_node(tmp_path):
+    done, _ = run(tmp_path, PROBE, env=[{"name": "EXIT_WITH", "value": "3"}])
     assert done.returncode != 0
     assert "cause: rank 1 exited with status 3" in done.stdout, done.stdout
     raises = "import os\nif os.environ['RANK'] == '2':\n    raise ValueError('bad batch 17')\n"
-    done, _ = run(tmp_path, raises, FORK)
+    done, _ = run(tmp_path, raises)
     assert done.returncode != 0
     assert "ValueError: bad batch 17" in done.stdout, done.stdout
     assert "job.py:3" in done.stdout, "the cause names the user's own line"
+    assert "warm_interpreter" not in done.stdout and "runpy" not in done.stdout, "the traceback is the script's"
 
 
-@pytest.mark.parametrize("setting", [None, "0"])
-def test_without_fork_every_training_process_starts_afresh(tmp_path, setting):
-    done, work = run(tmp_path, PROBE, [{"name": "LAUNCHER_WARM_START", "value": setting}] if setting else [])
+def test_ctrl_c_in_a_script_ends_it_as_it_ends_a_fresh_one(tmp_path):
+    interrupted = "import os\nif os.environ['RANK'] == '1':\n    raise KeyboardInterrupt\n"
+    causes = {}
+    for label, env in (("warm", []), ("cold", COLD)):
+        (tmp_path / label).mkdir()
+        done, _ = run(tmp_path / label, interrupted, env, nodes=1)
+        assert done.returncode != 0
+        causes[label] = [line.replace(str(tmp_path / label), "") for line in done.stdout.splitlines()
+                         if "exit status" in line or "cause:" in line]
+    # an uncaught KeyboardInterrupt ends a process by SIGINT (the shell's 128 + 2), after the traceback
+    assert causes["warm"] == causes["cold"] and "(exit status 130)" in " ".join(causes["warm"]), causes
+
+
+def test_a_module_entry_starts_warm_as_python_m_runs_it(tmp_path):
+    (tmp_path / "jobmod.py").write_text(PROBE)
+    (tmp_path / "extra").mkdir()
+    spec = write_spec(tmp_path, "", nodes=2, entry={"module": "jobmod"}, extra_cluster={"processesPerNode": 2},
+                      env=[{"name": "PYTHONPATH", "value": str(tmp_path / "extra")}])
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, env={**os.environ, "LAUNCHER_HOME": str(tmp_path / "home")},
+                   timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    facts = facts_of(tmp_path / "wd" / run_id_from(done.stdout))
+    assert len(facts) == 4 and all(said["warm"] and said["name"] == "__main__" and said["path"][0] == str(tmp_path)
+                                   and said["orig_argv"] == ["-u", "-m", "jobmod"] for said in facts.values())
+
+
+def test_without_warm_starts_every_training_process_starts_afresh(tmp_path):
+    done, work = run(tmp_path, PROBE, COLD)
     assert done.returncode == 0, done.stdout + done.stderr
     facts = facts_of(work)
     assert sorted(facts) == [0, 1, 2, 3] and not any(said["warm"] for said in facts.values())
 
 
-@pytest.mark.parametrize("entry", [{"module": "jobmod"}])
-def test_a_module_entry_is_forked_as_python_m_runs_it(tmp_path, entry):
-    (tmp_path / "jobmod.py").write_text(PROBE)
-    (tmp_path / "extra").mkdir()
-    spec = write_spec(tmp_path, "", nodes=2, entry=entry, extra_cluster={"processesPerNode": 2},
-                      env=[{"name": "PYTHONPATH", "value": str(tmp_path / "extra")}, *FORK])
-    done = run_cli("run", "-f", str(spec), cwd=tmp_path, env={**os.environ, "LAUNCHER_HOME": str(tmp_path / "home")},
-                   timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    facts = facts_of(tmp_path / "wd" / run_id_from(done.stdout))
-    assert all(said["warm"] and said["name"] == "__main__" and said["path0"] == str(tmp_path)
-               for said in facts.values()) and len(facts) == 4
+def test_only_the_round_names_of_an_environment_may_differ_from_a_warm_interpreters():
+    warm = WarmInterpreter.__new__(WarmInterpreter)  # its rule alone: no process
+    warm.env = {"PATH": "/bin", "PYTHONPATH": "/hooks", "OMP_NUM_THREADS": "1"}
+    rank = {**warm.env, "RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x",
+            "LAUNCHER_STACKS_DIR": "/tmp/s"}
+    assert warm.differing(rank) == []
+    assert warm.differing({**rank, "PYTHONPATH": "/other"}) == ["PYTHONPATH"]
+    assert warm.differing({**rank, "LD_PRELOAD": "libx.so"}) == ["LD_PRELOAD"]
+    assert warm.differing({key: value for key, value in rank.items() if key != "OMP_NUM_THREADS"}) == ["OMP_NUM_THREADS"]
+
+
+@pytest.mark.parametrize("args, entry", [
+    ((sys.executable, "-u", "job.py", "--lr", "1"), ("script", "job.py")),
+    ((sys.executable, "-u", "-m", "pkg.train"), ("module", "pkg.train")),
+    (("./train.sh", "--lr", "1"), None),  # --no-python: a program of its own
+    ((sys.executable, "-X", "dev", "job.py"), None),  # interpreter options a warm start could not give
+    (("/other/python", "-u", "job.py"), None),
+])
+def test_only_this_interpreter_running_a_script_or_module_starts_warm(args, entry):
+    assert entry_of(args) == entry
+
+
+def test_a_warm_interpreter_nobody_takes_ends_at_once_when_its_torchrun_does(tmp_path):
+    code = ("import os, sys; from launcher.node.warmstart import WarmPool; pool = WarmPool(2, os.environ); "
+            "print(' '.join(str(w.proc.pid) for w in pool.ready), flush=True); pool.close()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for pid in done.stdout.split():
+        assert not Path(f"/proc/{pid}").exists(), "an unused warm interpreter outlived its pool"

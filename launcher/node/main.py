@@ -125,7 +125,6 @@ class Node:
             signal.signal(signum, self._on_signal)
         try:
             self.events.start()
-            self.spare.prepare()
             return self._main()
         except Stopped as stop:
             return self._finish("cancelled", str(stop), EXIT_CANCELLED)
@@ -149,6 +148,7 @@ class Node:
         gpus = visible_gpus()
         self.status.update(state="registering", accelerators=accelerator_report(gpus))
         self.processes = self._processes(len(gpus))
+        self.spare.prepare(self.processes)  # its imports overlap the rendezvous
         chosen = node_address(timeout=settings.rendezvous_timeout, say=self.say)
         address = chosen.address
         port = settings.master_port or free_port(address)
@@ -399,7 +399,7 @@ class Node:
                     # Another round may follow: its torchrun imports while this one trains (not before its first
                     # line: on a machine with few cores it would slow the round's own start). Started from this
                     # thread, which lives as long as the node: a child dies with the thread that started it.
-                    self.spare.prepare()
+                    self.spare.prepare(self.processes)
                 now = time.monotonic()
                 if now >= next_heartbeat:
                     self.status.heartbeat()

@@ -1,10 +1,12 @@
 """A torchrun kept ready: started before the node knows its round's ranks, so that a round (the first, and
-each one a recovery begins) does not wait for torchrun's imports (over a second of torch).
+each one a recovery begins) waits neither for torchrun's imports nor for its training processes' (over a second
+of torch each).
 
-The spare is ``python -m launcher.node.torchrun_shim --spare``, started as the node starts torchrun (its own
-session, ended with the node); it imports torch and waits for one JSON line on stdin, the command line and
-environment of the round. Taking it sends them; a node that ends without taking it closes its stdin and the
-spare ends quietly. ``LAUNCHER_WARM_START=0`` keeps no spare.
+The spare is ``python -m launcher.node.torchrun_shim --spare PROCESSES``, started as the node starts torchrun
+(its own session, ended with the node), with the environment every round's has (the round's names aside); it
+starts one warm interpreter per training process (:mod:`launcher.node.warmstart`), imports torch and waits for
+one JSON line on stdin, the command line and environment of the round. Taking it sends them; a node that ends
+without taking it closes its stdin and the spare ends quietly. ``LAUNCHER_WARM_START=0`` keeps no spare.
 """
 
 from __future__ import annotations
@@ -15,20 +17,22 @@ import subprocess
 import sys
 
 from launcher.node.childproc import die_with_parent
-from launcher.node.forkstart import WARM_START_ENV
+from launcher.node.warmstart import WARM_START_ENV
 
 
 class Spare:
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
 
-    def prepare(self) -> None:
-        """Start a spare unless one is ready (or warm starts are off)."""
+    def prepare(self, processes: int) -> None:
+        """Start a spare for ``processes`` training processes unless one is ready (or warm starts are off)."""
+        from launcher.node.torchrun import standing_env
+
         if self.proc is not None or os.environ.get(WARM_START_ENV, "1") == "0":
             return
-        self.proc = subprocess.Popen([sys.executable, "-m", "launcher.node.torchrun_shim", "--spare"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=die_with_parent())
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher.node.torchrun_shim", "--spare", str(processes)],
+                                     env=standing_env(os.environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent())
 
     def take(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen | None:
         """The spare, now running ``argv`` (the shim's command line) with ``env``; None when there is none, or

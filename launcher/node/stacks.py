@@ -54,10 +54,14 @@ class RankStack:
         return next((frame for frame in self.frames if not library_file(frame.file)), None)
 
 
-def hook_env(stacks_dir: str, base_pythonpath: str | None) -> dict[str, str]:
-    """What the training processes need for :func:`capture`: the hooks first on PYTHONPATH."""
-    path = HOOKS_DIR + (os.pathsep + base_pythonpath if base_pythonpath else "")
-    return {"PYTHONPATH": path, "LAUNCHER_STACKS_DIR": stacks_dir, "LAUNCHER_STACK_SIGNAL": str(int(STACK_SIGNAL))}
+def hooks_pythonpath(base_pythonpath: str | None) -> str:
+    """PYTHONPATH for the training processes, :func:`capture` needs it: the hooks first."""
+    return HOOKS_DIR + (os.pathsep + base_pythonpath if base_pythonpath else "")
+
+
+def stacks_env(stacks_dir: str) -> dict[str, str]:
+    """Where and on which signal the rank hooks write a training process's stacks, for :func:`capture`."""
+    return {"LAUNCHER_STACKS_DIR": stacks_dir, "LAUNCHER_STACK_SIGNAL": str(int(STACK_SIGNAL))}
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def live_training_pids(stacks_dir: str) -> list[int]:
     """This node's training processes still alive: the pid each recorded in its stack file, where that process is
     the one that wrote it, not another that got the pid since: it started before the file was last written (a
     later process could not have), or it carries this node's stacks dir in the environment it started with (a
-    process forked from torchrun's, :mod:`launcher.node.forkstart`, shows torchrun's there)."""
+    warm interpreter, :mod:`launcher.node.warmstart`, shows the one it started with before its round)."""
     marker = f"LAUNCHER_STACKS_DIR={stacks_dir}".encode()
     alive = []
     for path in Path(stacks_dir).glob("*.stack"):

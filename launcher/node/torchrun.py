@@ -39,7 +39,6 @@ def rank_env(decision: Decision, settings: NodeSettings, processes: int, round_n
         "MASTER_PORT": str(decision.master_port),
         "LOCAL_WORLD_SIZE": str(processes),
         "LAUNCHER_OUTPUTS_DIR": settings.outputs_dir,
-        "PYTHONUNBUFFERED": "1",
     }
     nnodes = len(decision.ranks)
     node_rank = decision.ranks[settings.node]
@@ -56,18 +55,28 @@ def rank_env(decision: Decision, settings: NodeSettings, processes: int, round_n
     return env
 
 
-def training_env(base: Mapping[str, str], decision: Decision, settings: NodeSettings,
-                 processes: int, stacks_dir: str, round_number: int = 0) -> dict[str, str]:
-    """The environment torchrun and the training processes start with (``stacks_dir``: see launcher.node.stacks)."""
-    from launcher.node.stacks import hook_env
+def standing_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The part of the training environment that is the same in every round: what a spare torchrun and its
+    warm interpreters start with (launcher.node.spare), before the round is known."""
+    from launcher.node.stacks import hooks_pythonpath
 
     env = dict(base)
     for old, new in RENAMED_ENV.items():
         if old in env:
             value = env.pop(old)
             env.setdefault(new, value)
+    env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": hooks_pythonpath(env.get("PYTHONPATH"))})
+    return env
+
+
+def training_env(base: Mapping[str, str], decision: Decision, settings: NodeSettings,
+                 processes: int, stacks_dir: str, round_number: int = 0) -> dict[str, str]:
+    """The environment torchrun and the training processes start with (``stacks_dir``: see launcher.node.stacks)."""
+    from launcher.node.stacks import stacks_env
+
+    env = standing_env(base)
     env.update(rank_env(decision, settings, processes, round_number))
-    env.update(hook_env(stacks_dir, env.get("PYTHONPATH")))
+    env.update(stacks_env(stacks_dir))
     return env
 
 

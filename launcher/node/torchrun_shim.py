@@ -5,10 +5,10 @@ Run as ``python -m launcher.node.torchrun_shim [HOST PORT SECONDS] -- TORCHRUN_A
 HOST PORT SECONDS (workers), it imports torchrun first (over a second of torch imports) and then
 waits for the port, so a worker's start-up overlaps the main's instead of following it; torchrun's
 own rendezvous begins only after the port answers. Exits with :data:`EXIT_NO_MAIN` if the port does
-not answer in time. The output pipes: :mod:`launcher.node.rankpipes`; the training processes are forked
-from this process where they can be (:mod:`launcher.node.forkstart`).
+not answer in time. The output pipes: :mod:`launcher.node.rankpipes`.
 
-``python -m launcher.node.torchrun_shim --spare`` imports all that and then waits for its command line and
+``python -m launcher.node.torchrun_shim --spare PROCESSES`` starts PROCESSES warm interpreters
+(:mod:`launcher.node.warmstart`), imports all that torchrun needs and then waits for its command line and
 environment, one JSON object on stdin (:mod:`launcher.node.spare`): a node keeps one ready before it knows
 the next round's ranks. Ends quietly when stdin closes with nothing.
 """
@@ -22,14 +22,21 @@ import time
 EXIT_NO_MAIN = 75  # EX_TEMPFAIL
 READERS_SECONDS = 5.0  # at most this long for the node to open the last pipes (it looks every 0.1 s)
 SPARE = "--spare"
-USAGE = "usage: torchrun_shim [HOST PORT SECONDS] -- TORCHRUN_ARGS...  |  torchrun_shim --spare"
+USAGE = "usage: torchrun_shim [HOST PORT SECONDS] -- TORCHRUN_ARGS...  |  torchrun_shim --spare PROCESSES"
 
 
 def main(argv: list[str]) -> int:
+    from launcher.node.warmstart import WarmPool, warm_env
+
     node_pid = os.getppid()
-    if argv == [SPARE]:
+    pool = WarmPool(0, {})
+    if argv[:1] == [SPARE]:
+        if len(argv) != 2 or not argv[1].isdigit():
+            raise SystemExit(USAGE)
+        pool = WarmPool(int(argv[1]), warm_env(os.environ, int(argv[1])))  # first: they import as this one does
         command = _await_command()
         if command is None:
+            pool.close()
             return 0
         argv = command["argv"]
         os.environ.clear()
@@ -39,12 +46,12 @@ def main(argv: list[str]) -> int:
     wait, torchrun_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     from torch.distributed import run
 
-    from launcher.node import forkstart
+    from launcher.node import warmstart
     from launcher.node.rankpipes import await_readers, with_rank_pipes
 
     if wait and not _main_answers(*wait):
         return EXIT_NO_MAIN
-    forkstart.install()
+    warmstart.install(pool)
     run.config_from_args = with_rank_pipes(run.config_from_args)
     sys.argv = ["torchrun", *torchrun_args]
     try:
@@ -55,6 +62,7 @@ def main(argv: list[str]) -> int:
         sys.excepthook(*sys.exc_info())
         return 1
     finally:
+        pool.close()
         await_readers(READERS_SECONDS, node_pid)
     return 0
 
@@ -64,7 +72,7 @@ def _await_command() -> dict | None:
     import importlib
     import json
 
-    for module in ("torch.distributed.run", "launcher.node.forkstart", "launcher.node.rankpipes"):
+    for module in ("torch.distributed.run", "launcher.node.rankpipes"):
         importlib.import_module(module)  # now, while the node waits for its round
     line = sys.stdin.readline()
     return json.loads(line) if line.strip() else None

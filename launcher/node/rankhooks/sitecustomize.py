@@ -3,7 +3,8 @@
 It lets the node ask a training process for its Python stacks without stopping it: the stack
 signal (``LAUNCHER_STACK_SIGNAL``) makes faulthandler write every thread's stack to ``LOCAL_RANK.stack`` in
 ``LAUNCHER_STACKS_DIR``. Processes that are not training processes (torchrun itself, no
-``LOCAL_RANK``) are left alone. Then the next ``sitecustomize`` on the path, if any, runs as it
+``LOCAL_RANK``) are left alone; a warm interpreter (launcher.node.warm_interpreter) calls
+:func:`register_stack_dump` again once it knows its rank. Then the next ``sitecustomize`` on the path, if any, runs as it
 would have without this one.
 """
 
@@ -11,7 +12,7 @@ import os
 import sys
 
 
-def _register_stack_dump() -> None:
+def register_stack_dump() -> None:
     directory, local_rank = os.environ.get("LAUNCHER_STACKS_DIR"), os.environ.get("LOCAL_RANK")
     signal_number = os.environ.get("LAUNCHER_STACK_SIGNAL", "")
     if not directory or local_rank is None or not signal_number.isdigit():
@@ -39,5 +40,5 @@ def _run_next_sitecustomize() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-_register_stack_dump()
+register_stack_dump()
 _run_next_sitecustomize()

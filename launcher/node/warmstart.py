@@ -1,0 +1,136 @@
+"""Inside the spare torchrun: training processes started before the round needs them.
+
+A training process started the usual way (``python -u train.py``) spends over a second importing torch before
+the script's first line, on every start: the first round and every round a recovery begins. The spare torchrun
+(:mod:`launcher.node.spare`) starts one warm interpreter per training process of its node as it starts itself
+(:mod:`launcher.node.warm_interpreter`: a fresh ``python -u`` that imports torch and waits). When torchrun then
+starts its processes, each takes a warm one and hands it its script, environment and output.
+
+A warm interpreter is used only where it is what a fresh start would be: ``python -u SCRIPT`` or
+``python -u -m MODULE`` (``--no-python`` programs start as before) and an environment that differs from the one
+it started with only in names read while training runs, never at a start (the ranks torchrun and launcher
+give, :data:`ROUND_NAMES`). Anything else starts the usual way. ``LAUNCHER_WARM_START=0`` turns warm starts
+off (no spare torchrun either).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import IO, Any, Mapping
+
+WARM_START_ENV = "LAUNCHER_WARM_START"
+# What torchrun (its local agent) and launcher's node set for each training process: read as it runs (by
+# torch.distributed, by the script), never by the interpreter's or a library's start.
+ROUND_NAMES = frozenset({
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "NODE_RANK", "NNODES",
+})
+ROUND_PREFIXES = ("TORCHELASTIC_", "LAUNCHER_")
+
+
+class WarmInterpreter:
+    """One interpreter importing torch, ours until a training process is started with it."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        from launcher.node.childproc import die_with_parent
+
+        self.env = dict(env)
+        ours, theirs = socket.socketpair()
+        self.channel = ours
+        # Its own session (torchrun stops a process by its group, as it would one it started); stdin as a
+        # spare's training process would have it; ended with torchrun's process while unused.
+        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "launcher.node.warm_interpreter",
+                                      str(theirs.fileno())], env=self.env, stdin=subprocess.DEVNULL,
+                                     pass_fds=(theirs.fileno(),), start_new_session=True,
+                                     preexec_fn=die_with_parent())
+        theirs.close()
+
+    def differing(self, env: Mapping[str, str]) -> list[str]:
+        """The names, of those a start may read, in which ``env`` differs from this interpreter's: none, and the
+        training process with ``env`` may be this one."""
+        return sorted(name for name in set(env) | set(self.env) if env.get(name) != self.env.get(name)
+                      and name not in ROUND_NAMES and not name.startswith(ROUND_PREFIXES))
+
+    def start(self, entry: tuple[str, str], args: list[str], env: Mapping[str, str],
+              stdout: IO | None, stderr: IO | None) -> subprocess.Popen | None:
+        """This interpreter, now running ``entry`` with ``args``; None if it ended meanwhile."""
+        outputs = [(target, stream.fileno()) for target, stream in ((1, stdout), (2, stderr)) if stream is not None]
+        command = {"kind": entry[0], "name": entry[1], "args": args, "env": dict(env), "cwd": os.getcwd(),
+                   "outputs": [target for target, _ in outputs]}
+        body = json.dumps(command).encode()
+        try:
+            sent = socket.send_fds(self.channel, [body], [fd for _, fd in outputs])
+            self.channel.sendall(body[sent:])
+        except OSError:  # it ended (killed) before its rank came: the caller starts one afresh
+            self.discard()
+            return None
+        finally:
+            self.channel.close()
+        return self.proc
+
+    def discard(self) -> None:
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.kill()  # it holds nothing yet; waiting for its end would wait for its imports
+        self.proc.wait()
+
+
+class WarmPool:
+    """The warm interpreters of one torchrun, taken in the order torchrun starts its processes."""
+
+    def __init__(self, count: int, env: Mapping[str, str]) -> None:
+        self.ready = [WarmInterpreter(env) for _ in range(count)]
+
+    def take(self, env: Mapping[str, str]) -> WarmInterpreter | None:
+        while self.ready:
+            warm = self.ready.pop(0)
+            differ = warm.differing(env)
+            if not differ:
+                return warm
+            print(f"[launcher] a training process starts afresh: its environment differs in {', '.join(differ)} "
+                  "from the one its warm interpreter started with", file=sys.stderr, flush=True)
+            warm.discard()
+        return None
+
+    def close(self) -> None:
+        """torchrun ends: interpreters no round took end too."""
+        for warm in self.ready:
+            warm.discard()
+        self.ready.clear()
+
+
+def warm_env(env: Mapping[str, str], processes: int) -> dict[str, str]:
+    """The environment torchrun gives its processes, less the round's names: torchrun's one rule applied."""
+    if processes > 1 and "OMP_NUM_THREADS" not in env:
+        return {**env, "OMP_NUM_THREADS": "1"}  # torch.distributed.run sets it so for several processes per node
+    return dict(env)
+
+
+def entry_of(args: tuple) -> tuple[str, str] | None:
+    """("script" | "module", its name) when torchrun starts ``args`` as this interpreter, unbuffered."""
+    if len(args) < 3 or args[0] != sys.executable or args[1] != "-u":
+        return None
+    if args[2] == "-m":
+        return ("module", args[3]) if len(args) > 3 else None
+    return None if args[2].startswith("-") else ("script", args[2])
+
+
+def install(pool: WarmPool) -> None:
+    """Make torchrun start its training processes from ``pool`` where it can (call before it starts them)."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    usual = subprocess_handler.SubprocessHandler._popen
+
+    def popen(handler: Any, args: tuple, env: dict[str, str]) -> Any:
+        entry = entry_of(args)
+        warm = pool.take(env) if entry is not None else None
+        started = warm and warm.start(entry, [str(arg) for arg in args[4 if entry[0] == "module" else 3:]], env,
+                                      handler._stdout, handler._stderr)
+        return started or usual(handler, args, env)
+
+    subprocess_handler.SubprocessHandler._popen = popen
