@@ -19,23 +19,21 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from typing import IO
 
 from launcher.gpus import accelerator_report, visible_gpus
 from launcher.node import outputs as outputs_mod
-from launcher.node.cause import Cause, describe_kill, diagnose, lost_a_peer
-from launcher.node.cause import describe as describe_cause
+from launcher.node.cause import Cause, diagnose, lost_a_peer
 from launcher.node.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
 from launcher.node.rounds import Round, Rounds, RunOver, Timing, describe_end
-from launcher.runs.recovery import FAILURE, JOIN, KILLED, LEAVE, PEER, Policy, RoundEnd
+from launcher.runs.recovery import JOIN, LEAVE, PEER, Policy, RoundEnd
 from launcher.node.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
 from launcher.node.childproc import ExitEvent, die_with_parent, terminate
-from launcher.node.exits import (EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, EXIT_TIMED_OUT,
-                                 signal_name)
+from launcher.node.exits import EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, signal_name
 from launcher.node.hangwatch import HangWatch
 from launcher.node.logship import LogShipper
 from launcher.node.netutil import free_port, node_address
+from launcher.node.outcome import Ended, Outcome, decide
 from launcher.node.ranklogs import RankLogs
 from launcher.node.restore import restore_watched
 from launcher.node.rendezvous import (Decision, RendezvousError, RendezvousStopped,
@@ -44,7 +42,6 @@ from launcher.node.settings import NodeSettings, SettingsError, from_env
 from launcher.node.spare import Spare
 from launcher.node.status import StatusRecord, status_key
 from launcher.node.store import StoreError, WorkDir
-from launcher.node.torchrun_shim import EXIT_NO_MAIN
 from launcher.wording import plural
 
 HEARTBEAT_SECONDS = 10.0
@@ -64,29 +61,6 @@ class NothingToResume(Exception):
 
 class Stopped(Exception):
     """Raised by the signal handler while no training process is running yet."""
-
-
-@dataclass(frozen=True)
-class _Ended:
-    """How torchrun's run ended: its exit status, and whether this node stopped it (and why)."""
-    code: int
-    own_failure: str | None = None  # the hang watchdog: this node is the cause
-    stopped: bool = False  # stopped on request (a signal after training ended changes nothing)
-    limit: str | None = None  # the run's own limit (maxRuntime) was reached: no node is the cause
-    round_over: bool = False  # another node ended the membership round (recovering runs)
-    store_failure: str | None = None  # the work dir could not be used (gone for good, full): this node's failure
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """This node's final state, reason and exit status; ``mark_failed``: its own failure, to be marked."""
-    state: str
-    reason: str | None
-    exit_code: int
-    mark_failed: bool = False
-    details: dict | None = None
-    next_round: bool = False  # recovering runs: training goes on in the next membership round
-    round_end: RoundEnd | None = None  # why this node ends the round, to record (None: others ended it)
 
 
 class Node:
@@ -199,7 +173,7 @@ class Node:
                 if stop.request.state != LEFT:
                     raise
                 self.say(f"leaving the run while waiting for round {number}: {stop.request.reason}")
-                return self._conclude(_Outcome(LEFT, stop.request.reason, 0))
+                return self._conclude(Outcome(LEFT, stop.request.reason, 0))
             number = current.number
             if current.give_up:
                 return self._finish("failed", current.give_up, EXIT_PEER_FAILED, mark_failed=True,
@@ -219,7 +193,7 @@ class Node:
                 return self._finish("failed", failure, EXIT_STORE, mark_failed=True)
             number += 1
 
-    def _round_end_words(self, outcome: _Outcome, rounds: Rounds, number: int) -> str:
+    def _round_end_words(self, outcome: Outcome, rounds: Rounds, number: int) -> str:
         """Why the round ended here. Ranks that only lost a peer (a gloo or NCCL connection error) name what
         happened to it when another record says so within a moment, as the node that saw it first does."""
         if outcome.round_end is None or outcome.round_end.kind != PEER:
@@ -291,7 +265,7 @@ class Node:
             self.say(f"restored {count} output files (the newest copy of each) of "
                      f"{', '.join(source.url for source in sources)} into {settings.outputs_dir}")
 
-    def _train(self, decision: Decision, rounds: Rounds | None = None, number: int = 0) -> _Outcome:
+    def _train(self, decision: Decision, rounds: Rounds | None = None, number: int = 0) -> Outcome:
         """One torchrun run with ``decision``; in a recovering run it also ends when the round does."""
         from launcher.node.torchrun import checkpoint_dir, torchrun_argv, training_env
 
@@ -319,11 +293,13 @@ class Node:
         rank_logs.close()
         self.events.training_ended(number, ended.code, rank_logs.last_line_at)
         try:
-            return self._outcome(decision, ended, rank_logs, recovering=rounds is not None)
+            return decide(ended, decision, node=settings.node, rendezvous_timeout=settings.rendezvous_timeout,
+                          recovering=rounds is not None, stop_request=self.stop_request,
+                          cause_here=lambda: diagnose(self.torchrun_output, rank_logs.tails), peer_stop=self._peer_stop)
         finally:  # not before: it holds the ranks' error files (torch's @record)
             shutil.rmtree(log_dir, ignore_errors=True)
 
-    def _conclude(self, outcome: _Outcome) -> int:
+    def _conclude(self, outcome: Outcome) -> int:
         """The run is over for this node: say so first (peers stop at once), then sync, then the final status."""
         if outcome.mark_failed:  # before the outputs sync, which may take long: peers stop and learn why at once
             self._mark_failed(outcome.state, outcome.reason, outcome.exit_code, outcome.details)
@@ -355,7 +331,7 @@ class Node:
         file = f" of {exc.key[len(prefix):]}" if exc.key and exc.key.startswith(prefix) else ""
         return f"outputs sync{file}: {exc.reason} in {self.run.url}"
 
-    def _supervise(self, rank_logs: RankLogs, rounds: Rounds | None, number: int, members: list[str]) -> _Ended:
+    def _supervise(self, rank_logs: RankLogs, rounds: Rounds | None, number: int, members: list[str]) -> Ended:
         """Wait for torchrun to exit, meanwhile enforcing the limits, obeying stop requests and syncing; in a
         recovering run, also stop when the membership round ends."""
         assert self.proc is not None
@@ -372,29 +348,29 @@ class Node:
                 if self.run.gone:  # its logs, status and outputs can no longer be saved: training here is lost
                     failure = f"the work dir {self.run.url} was {self.run.outage.describe()}"
                     self.say(f"stopping training: {failure}")
-                    return _Ended(self._terminate(), store_failure=failure)
+                    return Ended(self._terminate(), store_failure=failure)
                 if self._runtime_exceeded():
                     limit = f"the run exceeded its maxRuntime ({settings.max_runtime:g}s)"
                     self._record_limit(limit)
                     self.say(f"stopping training: {limit}")
-                    return _Ended(self._terminate(), limit=limit)
+                    return Ended(self._terminate(), limit=limit)
                 hang = hangs.check(rank_logs, training_started, self._await_stop)
                 if hang and hang.stop:  # a hang whose culprit is another node, which named itself
                     self.stop_request = hang.stop
                 elif hang:
                     self.say(f"stopping training: {hang.failure}")
-                    return _Ended(self._terminate(), own_failure=hang.failure)
+                    return Ended(self._terminate(), own_failure=hang.failure)
                 self.stop_request = self.stop_request or self._control_check()
                 if self.stop_request:
                     self.say(f"stopping training: {self.stop_request.reason}")
                     if self.stop_request.state == LEFT and rounds is not None:  # the others re-form without it
                         rounds.end(number, RoundEnd(settings.node, LEAVE, self.stop_request.reason, None, time.time()))
-                    return _Ended(self._terminate(), stopped=True)
+                    return Ended(self._terminate(), stopped=True)
                 if rounds is not None and time.monotonic() >= next_round_check:
                     next_round_check = time.monotonic() + rounds.timing.end_check
                     if self._round_ended(rounds, number, members):
                         self.say(f"round {number} ends ({self._round_end_text(rounds, number)}): stopping training")
-                        return _Ended(self._terminate(), round_over=True)
+                        return Ended(self._terminate(), round_over=True)
                 if rounds is not None and rank_logs.last_line_at:
                     # Another round may follow: its torchrun imports while this one trains (not before its first
                     # line: on a machine with few cores it would slow the round's own start). Started from this
@@ -408,9 +384,9 @@ class Node:
                     failure = self._sync_failure(background=True)
                     if failure:
                         self.say(f"stopping training: {failure}")
-                        return _Ended(self._terminate(), store_failure=failure)
+                        return Ended(self._terminate(), store_failure=failure)
                     next_sync = now + settings.outputs_sync_interval
-            return _Ended(self.proc.wait())
+            return Ended(self.proc.wait())
         finally:
             exited.close()
 
