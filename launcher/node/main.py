@@ -390,57 +390,6 @@ class Node:
         finally:
             exited.close()
 
-    def _outcome(self, decision: Decision, ended: _Ended, rank_logs: RankLogs, recovering: bool = False) -> _Outcome:
-        """How training ended for this node; reads the rank logs, so before they are deleted."""
-        if ended.own_failure:
-            return _Outcome("failed", ended.own_failure, EXIT_TIMED_OUT, mark_failed=True)
-        if ended.store_failure:
-            return _Outcome("failed", ended.store_failure, EXIT_STORE, mark_failed=True)
-        if self.stop_request and self.stop_request.state == LEFT:  # asked to leave: nothing failed
-            return _Outcome(LEFT, self.stop_request.reason, 0)
-        if ended.limit:
-            return _Outcome("failed", f"stopped: {ended.limit}", EXIT_TIMED_OUT)
-        if ended.code == 0 and not ended.stopped and not ended.round_over:  # ended on its own, successfully: a
-            return _Outcome("succeeded", None, 0)  # later SIGTERM (compose stopping the others) changes nothing
-        if recovering and not self.stop_request:
-            return self._round_outcome(ended, rank_logs)
-        cause = diagnose(self.torchrun_output, rank_logs.tails)
-        # Did training fail because the run was cancelled or a peer failed first? Then that is the cause; but a
-        # rank here that raised an error of its own (not a lost peer) failed on its own too: "also failed".
-        # torchrun signalled along with this node (Slurm's scancel or time limit signals a whole step) ended on its
-        # own as the node was stopping: the stop is the cause, not torchrun's SignalException.
-        stopping = self.stop_request is not None and cause.torchrun
-        if not ended.stopped and cause.exception and not lost_a_peer(cause) and not stopping:
-            return _Outcome("failed", describe_cause(cause.to_dict()), cause.exit_code or ended.code,
-                            mark_failed=True, details={"cause": cause.to_dict()})
-        self.stop_request = self.stop_request or self._peer_stop(cause)
-        if self.stop_request:
-            request = self.stop_request
-            code = EXIT_CANCELLED if request.state == "cancelled" else EXIT_TIMED_OUT if request.limit \
-                else EXIT_PEER_FAILED
-            return _Outcome(request.state, request.reason, code)
-        if ended.code == EXIT_NO_MAIN:
-            reason = (f"the main node {decision.main} did not open {decision.master_addr}:{decision.master_port} "
-                      f"within {self.settings.rendezvous_timeout:g}s")
-            return _Outcome("failed", reason, EXIT_PEER_FAILED, mark_failed=True)
-        return _Outcome("failed", describe_cause(cause.to_dict()), cause.exit_code or ended.code, mark_failed=True,
-                        details={"cause": cause.to_dict()})
-
-    def _round_outcome(self, ended: _Ended, rank_logs: RankLogs) -> _Outcome:
-        """A recovering run whose round ended: why, as this node saw it (lost / failure / peer), or by others."""
-        if ended.round_over:
-            return _Outcome("waiting", None, 0, next_round=True)
-        if ended.own_failure:
-            return _Outcome("waiting", ended.own_failure, EXIT_TIMED_OUT, next_round=True,
-                            round_end=RoundEnd(self.settings.node, FAILURE, ended.own_failure, EXIT_TIMED_OUT,
-                                               time.time()))
-        cause = diagnose(self.torchrun_output, rank_logs.tails)
-        kind = PEER if lost_a_peer(cause) else KILLED if cause.signal in ("SIGKILL", "SIGTERM") else FAILURE
-        reason = describe_kill(cause) if kind == KILLED else describe_cause(cause.to_dict())
-        code = cause.exit_code or ended.code
-        return _Outcome("waiting", reason, code, next_round=True,
-                        round_end=RoundEnd(self.settings.node, kind, reason, code, time.time()))
-
     def _round_end_text(self, rounds: Rounds, number: int) -> str:
         try:
             ends = sorted(rounds.ends(number), key=lambda end: end.at)
