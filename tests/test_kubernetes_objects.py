@@ -79,7 +79,7 @@ def test_the_job_runs_a_pod_per_node_and_starts_again_only_a_lost_pods_index(tmp
     assert spec["backoffLimitPerIndex"] == 5 and spec["maxFailedIndexes"] == 1  # the run goes on without one node
     count, fail = spec["podFailurePolicy"]["rules"]
     assert count == {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
-    assert fail["action"] == "FailJob" and fail["onExitCodes"]["values"] == [0, 137]  # a kill is a lost node
+    assert fail["action"] == "FailJob" and fail["onExitCodes"]["values"] == [0, 137, 143]  # a kill, a stop: lost
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and pod["subdomain"] == service["metadata"]["name"] == "run-1"
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True

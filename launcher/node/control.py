@@ -8,16 +8,40 @@ cancel is noticed within that interval plus one request.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from dataclasses import dataclass
 
-from launcher.node.store import WorkDir
+from launcher.node.exits import EXIT_LOST
+from launcher.node.store import StoreError, WorkDir
 
 CONTROL_PREFIX = "control"
 CANCEL = "cancel"
 LIMIT = "limit"  # the run reached one of its own limits (maxRuntime): no node is the cause
 SCALE = "scale.json"  # the size `launcher scale` last asked for (a record for people; nodes act on leave requests)
 LEFT = "left"  # the final state of a node that left on request: the run goes on without it, nothing failed
+
+
+# Set by an engine's node entry (a Kubernetes pod's): a SIGTERM that no `launcher cancel` asked for (no cancel marker)
+# stops the node from outside (`kubectl delete pod`, a drained node); the node is lost, not the run cancelled, and
+# exits EXIT_LOST, which the engine counts as a lost node and starts again (the Job's podFailurePolicy)
+LOST_ON_SIGTERM = "LAUNCHER_LOST_ON_SIGTERM"
+
+
+def settle_signal(run: WorkDir, signum: int | None, state: str, reason: str | None,
+                  exit_code: int) -> tuple[str, str | None, int]:
+    """A node's end as it records it: a "cancelled" end that a SIGTERM caused where the engine counts lost nodes
+    (:data:`LOST_ON_SIGTERM`) and the run has no cancel marker is "lost", exit EXIT_LOST; any other end is as
+    given (a marker that cannot be read: as given, cancelled)."""
+    if state != "cancelled" or signum != signal.SIGTERM or os.environ.get(LOST_ON_SIGTERM) != "1":
+        return state, reason, exit_code
+    try:
+        if cancel_requested(run):
+            return state, reason, exit_code
+    except StoreError:
+        return state, reason, exit_code
+    return "lost", f"{reason or 'received SIGTERM'} from outside, not from launcher cancel: the node is lost", EXIT_LOST
 
 
 def node_label(node: str) -> str:

@@ -10,6 +10,9 @@ EXIT_BAD_ENV = 2
 EXIT_STORE = 3
 EXIT_TIMED_OUT = 124  # maxRuntime or the hang watchdog, as timeout(1) reports it
 EXIT_CANCELLED = 130
+# 128 + SIGTERM: stopped from outside where the engine counts that as a lost node (a Kubernetes pod deleted: see
+# launcher.node.control.LOST_ON_SIGTERM); its Job starts the node again
+EXIT_LOST = 143
 
 
 def signal_name(signum: int) -> str:

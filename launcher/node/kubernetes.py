@@ -2,7 +2,9 @@
 ``JOB_COMPLETION_INDEX`` (index 0 the main), with its group's own variables from the arguments
 (:mod:`launcher.node.indexed`); then the bootstrap (:mod:`launcher.node.main`) replaces this process, so that
 the container's exit status is the node's. A pod that starts its index again after a lost one is the node's
-next incarnation (``LAUNCHER_NODE_INCARNATION``, from the Job controller's failure count of the index)."""
+next incarnation (``LAUNCHER_NODE_INCARNATION``, from the Job controller's failure count of the index). A SIGTERM
+that no ``launcher cancel`` asked for (``kubectl delete pod``, a drained node) makes the node lost, exit 143, which the
+Job's podFailurePolicy counts as a lost pod of its index (:data:`launcher.node.control.LOST_ON_SIGTERM`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import sys
 from typing import NoReturn
 
 from launcher.node import indexed
+from launcher.node.control import LOST_ON_SIGTERM
 from launcher.node.main import EXIT_BAD_ENV
 
 INDEX = "JOB_COMPLETION_INDEX"
@@ -27,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_BAD_ENV
     indexed.become(env, name, args)
+    env[LOST_ON_SIGTERM] = "1"  # a pod deleted from outside is a lost node: the Job starts its index again
     _exec_bootstrap()
 
 

@@ -87,7 +87,10 @@ class Node:
         print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
         self.shipper.add("node", message)
 
+    signalled: int | None = None  # the signal that stopped the node (see _finish: lost or cancelled)
+
     def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signalled = signum
         request = StopRequest("cancelled", f"received {signal_name(signum)}")
         if self.proc is None:
             self.ending.set()
@@ -460,6 +463,9 @@ class Node:
 
     def _finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False,
                 details: dict | None = None) -> int:
+        from launcher.node.control import settle_signal
+
+        state, reason, exit_code = settle_signal(self.run, self.signalled, state, reason, exit_code)
         kept = outputs_mod.kept_record(self.settings.outputs_dir, self.sync.unsynced())
         details = {**(details or {}), **kept}  # readers name each node's files the work dir did not get, and where
         if mark_failed:

@@ -3,7 +3,8 @@
 Every pod runs the same command; :mod:`launcher.node.kubernetes` takes its node from the pod's
 ``JOB_COMPLETION_INDEX`` in the spec's order (index 0 the main), and each group's own variables from
 its arguments. The Job controller starts a failed pod's index again (``backoffLimitPerIndex``) only
-when the pod was lost: killed (exit 137: SIGKILL, the OOM killer) or disrupted (eviction, preemption,
+when the pod was lost: killed (exit 137: SIGKILL, the OOM killer), stopped from outside (exit 143: a SIGTERM
+that no ``launcher cancel`` asked for, as ``kubectl delete pod`` sends) or disrupted (eviction, preemption,
 a node drained); any other non-zero exit is the run's own end, as its nodes decided it together in the
 work dir, and fails the Job at once (``podFailurePolicy``). Pages of the Kubernetes documentation
 each rule follows: "Jobs" (Indexed completion mode, Backoff limit per index, Pod failure policy) and
@@ -26,6 +27,9 @@ RUN_LABEL = "launcher.run-id"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CONTAINER = "node"
 KILLED_EXIT = 137  # 128 + SIGKILL: killed from outside, or by the OOM killer
+# 128 + SIGTERM: the node stopped from outside with no launcher cancel (a pod deleted gracefully): lost
+# (launcher.node.control.LOST_ON_SIGTERM, EXIT_LOST); a launcher cancel ends the node 130, which ends the Job
+TERMINATED_EXIT = 143
 # the Job controller counts a pod's failures for its index in this annotation (backoffLimitPerIndex)
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -82,9 +86,9 @@ def job(plan: Plan, namespace: str) -> dict[str, Any]:
         "podFailurePolicy": {"rules": [
             # a pod evicted, preempted or on a drained node: lost, its index started again
             {"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            # any other exit but a kill is the run's end, decided by its nodes together
+            # any other exit but a kill or a stop from outside is the run's end, decided by its nodes together
             {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn",
-                                                  "values": [0, KILLED_EXIT]}}]},
+                                                  "values": [0, KILLED_EXIT, TERMINATED_EXIT]}}]},
         "template": {"metadata": {"labels": _labels(plan), **({"annotations": dict(infra.annotations)}
                                                                  if infra.annotations else {})},
                      "spec": pod_spec(plan)},
