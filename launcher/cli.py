@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_arg(p)
     p.add_argument("--backend", choices=BACKENDS, help="override the backend implied by infrastructure.type")
     p.add_argument("--dry-run", action="store_true", help="print the requests and node configs; touch nothing")
-    p.add_argument("--output", choices=("text", "json", "yaml"), default="text", help="dry-run output format")
+    p.add_argument("--output", choices=("text", "json", "yaml", "pytorchjob"), default="text",
+                   help="dry-run output format (pytorchjob: the run as a Kubeflow PyTorchJob, with --backend "
+                   "kubernetes; an export, not submitted)")
     p.add_argument("--detach", action="store_true", help="return after submission instead of following the logs")
     p.add_argument("--keep", action="store_true", help="docker: keep the containers after the run ends "
                    "(for docker logs / inspect); they are removed otherwise")

@@ -24,6 +24,9 @@ def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: b
         raise BadInput(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
     spec = load_spec(file, overrides)
     chosen = backend_for(backend, spec.infra_type)
+    if output == "pytorchjob" and chosen.name != "kubernetes":
+        raise BadInput(f"--output pytorchjob is the run as a Kubeflow PyTorchJob, from the kubernetes backend (this "
+                       f"spec runs on {chosen.name}): add --backend kubernetes")
     if keep:
         if not hasattr(chosen, "keep"):
             raise BadInput(f"--keep is for the docker backend (its containers), not {chosen.name}")
@@ -39,6 +42,10 @@ def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: b
 
             resume_source(resume_url)
     request = chosen.dryrun(spec, run_id=run_id, resume_from=resume_url)
+    if dry_run and output == "pytorchjob":  # an export of the run for Kubeflow's training operator
+        notes, document = chosen.pytorchjob(request)
+        sys.stdout.write("".join(f"# note: {note}\n" for note in notes) + document)
+        return 0
     if dry_run:
         manifest = chosen.manifest(request) if output != "json" else None
         if manifest is not None:  # what the engine's own tool takes, the notes as its comments

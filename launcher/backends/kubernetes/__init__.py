@@ -8,6 +8,7 @@ through the work dir, then deletes the Job (foreground) and the Service.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
@@ -84,6 +85,33 @@ class KubernetesBackend(Backend):
         import yaml
 
         return yaml.safe_dump_all([item.body for item in request.requests], sort_keys=False)
+
+    def pytorchjob(self, request: DryRun) -> tuple[list[str], str]:
+        """The run as a Kubeflow PyTorchJob (an export: launcher does not submit it), checked, and its notes."""
+        import yaml
+
+        from launcher.backends.kubernetes.pytorchjob import NODE_ENTRY, SDK_VERSION, export
+
+        spec = request.plan.spec
+        namespace = _infra(spec).namespace or DEFAULT_NAMESPACE
+        body = export(request.plan, namespace)
+        notes = [f"a Kubeflow PyTorchJob ({body['apiVersion']}) for a cluster that runs the training operator; "
+                 "launcher does not submit, follow or cancel it: kubectl apply -f FILE, kubectl delete pytorchjob "
+                 f"{body['metadata']['name']} -n {namespace}",
+                 f"checked with the Kubeflow training SDK {SDK_VERSION}'s models (it ships no CRD schema), its pod "
+                 "templates against the official Kubernetes schemas, and the training operator's admission rules",
+                 f"every pod runs launcher's node bootstrap ({NODE_ENTRY}): the nodes elect the main and their ranks "
+                 "in the work dir; the operator's MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK and PET_* variables are "
+                 "dropped at the pod's start, and torchrun gets launcher's"]
+        if "elasticPolicy" in body["spec"]:
+            notes.append("elasticPolicy tells the operator the run's bounds; launcher's rounds in the work dir, not "
+                         "torchrun's elastic agent, decide who trains")
+        grows = json.loads(request.plan.nodes[0].env.get("LAUNCHER_RECOVERY") or "{}").get("maxNodes")
+        if grows and grows > len(request.plan.nodes):
+            notes.append(f"elastic maxNodes {grows}: an exported PyTorchJob has the spec's {len(request.plan.nodes)} "
+                         "nodes (launcher scale needs a run launcher started)")
+        notes += [note for note in request.notes if not note.startswith("every object validates")]
+        return notes, yaml.safe_dump(body, sort_keys=False)
 
     @staticmethod
     def _problems(request: DryRun) -> list[str]:
