@@ -25,8 +25,9 @@ from launcher.gpus import accelerator_report, visible_gpus
 from launcher.node import outputs as outputs_mod
 from launcher.node.cause import Cause, diagnose, lost_a_peer
 from launcher.node.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
-from launcher.node.rounds import Round, Rounds, RunOver, Timing, describe_end
-from launcher.runs.recovery import JOIN, LEAVE, PEER, Policy, RoundEnd
+from launcher.node.recovery_loop import RecoveryLoop, round_end_text, round_ended
+from launcher.node.rounds import Rounds
+from launcher.runs.recovery import LEAVE, RoundEnd
 from launcher.node.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
 from launcher.node.childproc import ExitEvent, die_with_parent, terminate
 from launcher.node.exits import EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, signal_name
@@ -48,7 +49,6 @@ HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
 PEER_GRACE_SECONDS = 5.0  # how long a node whose ranks only lost a peer waits for that peer's failure marker
 PEER_POLL_SECONDS = 0.5
-PEER_ROOT_SECONDS = 1.0  # how long a node whose ranks lost a peer looks for what happened to it, for its message
 
 
 class TooFewGpus(Exception):
@@ -87,7 +87,7 @@ class Node:
         print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
         self.shipper.add("node", message)
 
-    signalled: int | None = None  # the signal that stopped the node (see _finish: lost or cancelled)
+    signalled: int | None = None  # the signal that stopped the node (see finish: lost or cancelled)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.signalled = signum
@@ -104,18 +104,18 @@ class Node:
             self.events.start()
             return self._main()
         except Stopped as stop:
-            return self._finish("cancelled", str(stop), EXIT_CANCELLED)
+            return self.finish("cancelled", str(stop), EXIT_CANCELLED)
         except RendezvousStopped as exc:
             cancelled = exc.request.state == "cancelled"
-            return self._finish(exc.request.state, str(exc), EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
+            return self.finish(exc.request.state, str(exc), EXIT_CANCELLED if cancelled else EXIT_PEER_FAILED)
         except RendezvousTimeout as exc:
-            return self._finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
+            return self.finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
         except NothingToResume as exc:
-            return self._finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
+            return self.finish("failed", str(exc), EXIT_PEER_FAILED, mark_failed=True)
         except TooFewGpus as exc:
-            return self._finish("failed", str(exc), EXIT_BAD_ENV, mark_failed=True)
+            return self.finish("failed", str(exc), EXIT_BAD_ENV, mark_failed=True)
         except (RendezvousError, StoreError) as exc:
-            return self._finish("failed", str(exc), EXIT_STORE, mark_failed=True)
+            return self.finish("failed", str(exc), EXIT_STORE, mark_failed=True)
         finally:
             self.spare.discard()
             self.shipper.close()
@@ -137,15 +137,15 @@ class Node:
                  f"{devices}); waiting for {plural(len(settings.nodes), 'node')}")
         me = Registration(settings.node, address, port, self.processes)
         if settings.recovery:
-            return self._run_rounds(me)
+            return RecoveryLoop(self).run(me)
         self.events.record(REGISTERED)
         decision = await_decision(self.run, me, settings.nodes, timeout=settings.rendezvous_timeout,
                                   progress=self._progress)
-        self._start_round(decision)
-        self._restore(0)
-        return self._conclude(self._train(decision))
+        self.start_round(decision)
+        self.restore(0)
+        return self.conclude(self.train(decision))
 
-    def _start_round(self, decision: Decision, number: int | None = None, restarts: int = 0) -> None:
+    def start_round(self, decision: Decision, number: int | None = None, restarts: int = 0) -> None:
         self.rank = decision.ranks.get(self.settings.node)
         self.events.record(DECIDED, round=number, rank=self.rank)
         members = plural(len(decision.ranks), "node")
@@ -156,82 +156,6 @@ class Node:
         where = "" if number is None else f" in round {number} ({restarts} restarts so far)"
         self.say(f"{role}: node rank {self.rank} of {members}{where}; MASTER_ADDR={decision.master_addr} "
                  f"MASTER_PORT={decision.master_port}")
-
-    def _run_rounds(self, me: Registration) -> int:
-        """A recovering run: train in membership rounds until training succeeds or the run must stop."""
-        settings = self.settings
-        rounds = Rounds(self.run, settings.nodes, Policy.from_settings(settings.recovery), Timing.for_store(self.run),
-                        grows=settings.groups[-1][0] if len(settings.groups) > 1 else None)
-        number = self._first_round(rounds)
-        while True:
-            if number > 0:
-                me = Registration(me.name, me.address, settings.master_port or free_port(me.address), me.processes)
-            self.status.update(state="waiting", round=number)
-            self.events.record(REGISTERED, round=number)
-            try:
-                current = rounds.join(number, me, timeout=settings.rendezvous_timeout, control=self.control)
-            except RunOver as over:
-                return self._finish("succeeded", str(over), 0)
-            except RendezvousStopped as stop:
-                if stop.request.state != LEFT:
-                    raise
-                self.say(f"leaving the run while waiting for round {number}: {stop.request.reason}")
-                return self._conclude(Outcome(LEFT, stop.request.reason, 0))
-            number = current.number
-            if current.give_up:
-                return self._finish("failed", current.give_up, EXIT_PEER_FAILED, mark_failed=True,
-                                    details=current.failure_details())
-            self._start_round(current.decision, number, current.restarts)
-            if current.history:
-                self.say(f"round {number} after {current.history[-1]}: {self._members_text(current, rounds.policy)}")
-            self._restore(number)
-            outcome = self._train(current.decision, rounds, number)
-            if not outcome.next_round:
-                return self._conclude(outcome)
-            if outcome.round_end is not None:
-                rounds.end(number, outcome.round_end)
-            self.say(f"round {number} ended: {self._round_end_words(outcome, rounds, number)}")
-            failure = self._sync_failure()  # what it wrote reaches the work dir, for the next round's restore
-            if failure:
-                return self._finish("failed", failure, EXIT_STORE, mark_failed=True)
-            number += 1
-
-    def _round_end_words(self, outcome: Outcome, rounds: Rounds, number: int) -> str:
-        """Why the round ended here. Ranks that only lost a peer (a gloo or NCCL connection error) name what
-        happened to it when another record says so within a moment, as the node that saw it first does."""
-        if outcome.round_end is None or outcome.round_end.kind != PEER:
-            return outcome.reason or "another node ended it"
-        deadline = time.monotonic() + PEER_ROOT_SECONDS
-        while True:
-            try:
-                roots = [end for end in rounds.ends(number) if end.kind not in (PEER, JOIN)]
-            except StoreError:
-                roots = []
-            if roots or time.monotonic() >= deadline:
-                break
-            time.sleep(rounds.timing.end_check)  # the work dir offers no change notification: poll it
-        if not roots:
-            return outcome.reason or "a peer was lost"
-        return f"{describe_end(min(roots, key=lambda end: end.at))} (its ranks here lost their connection to it)"
-
-    def _members_text(self, current: Round, policy: Policy) -> str:
-        elastic = self.settings.recovery and self.settings.recovery.get("maxNodes")  # static: every node, always
-        bounds = f" (min {policy.min_nodes}, max {elastic})" if elastic else ""
-        return f"continuing with {plural(len(current.members), 'node')}{bounds}, restart {current.restarts} of " \
-               f"{policy.max_restarts}"
-
-    def _first_round(self, rounds: Rounds) -> int:
-        """0 while the run has no round yet; a node that finds the rounds begun (a replacement, a node added by
-        `launcher scale`, a late one) joins the round after the latest, and ends that one."""
-        latest = rounds.latest()
-        if latest is None:
-            return 0
-        if latest.give_up:  # the run has stopped: joining its last round says so
-            return latest.number
-        incarnation = self.settings.incarnation
-        rounds.end(latest.number, RoundEnd(self.settings.node, JOIN, f"replacement {incarnation} joins" if incarnation
-                                           else "a new node joins the run", None, time.time()))
-        return latest.number + 1
 
     def _processes(self, gpus: int) -> int:
         """processesPerNode as a number, or auto: one per GPU this node sees, 1 without GPUs."""
@@ -250,7 +174,7 @@ class Node:
         timing = f" after {waited:.0f}s of {self.settings.rendezvous_timeout:g}s" if waited >= 1 else ""
         self.say(f"{len(registered)}/{plural(total, 'node')} registered{timing}{waiting}")
 
-    def _restore(self, number: int) -> None:
+    def restore(self, number: int) -> None:
         """Before training in round ``number`` (0 outside rounds): the newest copy of every output file of the runs
         this one continues (``--resume-from``, the earlier attempts of a run retried whole) and, from round 1 on,
         of this run itself."""
@@ -268,7 +192,7 @@ class Node:
             self.say(f"restored {count} output files (the newest copy of each) of "
                      f"{', '.join(source.url for source in sources)} into {settings.outputs_dir}")
 
-    def _train(self, decision: Decision, rounds: Rounds | None = None, number: int = 0) -> Outcome:
+    def train(self, decision: Decision, rounds: Rounds | None = None, number: int = 0) -> Outcome:
         """One torchrun run with ``decision``; in a recovering run it also ends when the round does."""
         from launcher.node.torchrun import checkpoint_dir, torchrun_argv, training_env
 
@@ -302,19 +226,19 @@ class Node:
         finally:  # not before: it holds the ranks' error files (torch's @record)
             shutil.rmtree(log_dir, ignore_errors=True)
 
-    def _conclude(self, outcome: Outcome) -> int:
+    def conclude(self, outcome: Outcome) -> int:
         """The run is over for this node: say so first (peers stop at once), then sync, then the final status."""
         if outcome.mark_failed:  # before the outputs sync, which may take long: peers stop and learn why at once
             self._mark_failed(outcome.state, outcome.reason, outcome.exit_code, outcome.details)
-        failure = self._sync_failure()
+        failure = self.sync_failure()
         self.events.record(SYNCED, failed=bool(failure) or None)
         if failure and outcome.state in ("succeeded", LEFT):  # what it trained for did not reach the work dir
-            return self._finish("failed", failure, EXIT_STORE, mark_failed=True)
+            return self.finish("failed", failure, EXIT_STORE, mark_failed=True)
         if failure:  # it ends as it would have; this comes on top
             self.say(failure)
-        return self._finish(outcome.state, outcome.reason, outcome.exit_code, details=outcome.details)
+        return self.finish(outcome.state, outcome.reason, outcome.exit_code, details=outcome.details)
 
-    def _sync_failure(self, background: bool = False) -> str | None:
+    def sync_failure(self, background: bool = False) -> str | None:
         """Sync the outputs (``background``: start a sync, and learn how the one before ended); None when that
         worked, else what failed and where the files it could not upload stay."""
         try:
@@ -329,7 +253,7 @@ class Node:
     def _describe_sync_failure(self, exc: StoreError) -> str:
         """``outputs sync of checkpoints/ck.pt: No space left on device in WORK_DIR``: the file whose upload failed
         (where the error says) and the store's words, the same on every node that failed so; where each node's
-        files stay is recorded beside it (``_finish``), not in it."""
+        files stay is recorded beside it (``finish``), not in it."""
         prefix = f"{outputs_mod.OUTPUTS_PREFIX}/{self.settings.node}/"
         file = f" of {exc.key[len(prefix):]}" if exc.key and exc.key.startswith(prefix) else ""
         return f"outputs sync{file}: {exc.reason} in {self.run.url}"
@@ -371,8 +295,8 @@ class Node:
                     return Ended(self._terminate(), stopped=True)
                 if rounds is not None and time.monotonic() >= next_round_check:
                     next_round_check = time.monotonic() + rounds.timing.end_check
-                    if self._round_ended(rounds, number, members):
-                        self.say(f"round {number} ends ({self._round_end_text(rounds, number)}): stopping training")
+                    if round_ended(rounds, number, members, self.say):
+                        self.say(f"round {number} ends ({round_end_text(rounds, number)}): stopping training")
                         return Ended(self._terminate(), round_over=True)
                 if rounds is not None and rank_logs.last_line_at:
                     # Another round may follow: its torchrun imports while this one trains (not before its first
@@ -384,7 +308,7 @@ class Node:
                     self.status.heartbeat()
                     next_heartbeat = now + HEARTBEAT_SECONDS
                 if now >= next_sync:
-                    failure = self._sync_failure(background=True)
+                    failure = self.sync_failure(background=True)
                     if failure:
                         self.say(f"stopping training: {failure}")
                         return Ended(self._terminate(), store_failure=failure)
@@ -392,20 +316,6 @@ class Node:
             return Ended(self.proc.wait())
         finally:
             exited.close()
-
-    def _round_end_text(self, rounds: Rounds, number: int) -> str:
-        try:
-            ends = sorted(rounds.ends(number), key=lambda end: end.at)
-        except StoreError:
-            return "a member was lost, failed, or a node joins"
-        return "; ".join(describe_end(end) for end in ends[:3])
-
-    def _round_ended(self, rounds: Rounds, number: int, members: list[str]) -> bool:
-        try:
-            return rounds.ended(number, members)
-        except StoreError as exc:  # keep training through a store outage; the next check may succeed
-            self.say(f"could not read round {number}'s end markers: {exc}")
-            return False
 
     def _runtime_exceeded(self) -> bool:
         max_runtime = self.settings.max_runtime
@@ -461,7 +371,7 @@ class Node:
         except StoreError:
             pass
 
-    def _finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False,
+    def finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False,
                 details: dict | None = None) -> int:
         from launcher.node.control import settle_signal
 
