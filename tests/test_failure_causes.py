@@ -4,8 +4,8 @@ Through the real CLI with real torchrun on 2 local nodes, most failing after a g
 exists (torch then prefixes each line of the traceback with ``[rankN]: ``): an exception in a
 function, at module level, in a ``@record``-decorated function, an allocation failure; before the
 group exists; an ImportError; a SyntaxError in the entry script and in a module imported later; a
-``module:`` entry point that does not exist; a refusal of ``launcher.data`` raised under torch's
-DataLoader (the frame is the user's line, not launcher's or torch's); and, with 2 processes per node, a rank that raised
+``module:`` entry point that does not exist; ``input()`` on a closed stdin (its prompt before the
+traceback's header); a refusal of ``launcher.data`` raised under torch's DataLoader (the frame is the user's line, not launcher's or torch's); and, with 2 processes per node, a rank that raised
 while the ranks waiting on it (on both nodes) report gloo connection errors. Then the parser on
 captured text.
 """
@@ -112,6 +112,18 @@ for batch in loader:
     print(batch)
 """
 
+# input() on a closed stdin: its prompt, written without a newline, begins the traceback's first line, and
+# Python 3.11 marks the call with carets under the source line (issue 26).
+READS_A_CLOSED_STDIN = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    sys.stdin = open(os.devnull)
+    answer = input("Continue training? [y/N] ")
+dist.barrier()
+"""
+
 # The rank that raised ends last, as one tearing down a CUDA context does: its peers' gloo errors
 # reach torchrun first, on its own node as on the other.
 RAISES_AND_ENDS_LAST = """
@@ -161,6 +173,8 @@ ROWS = {
     "launcher.data refusal under torch's DataLoader": Row(
         PLAIN_DATALOADER_WITH_ELASTIC_SAMPLER, "RuntimeError: ElasticSampler with 2 training processes",
         "job.py:6 in <module>: for batch in loader:", rank=None),
+    "input() on a closed stdin": Row(READS_A_CLOSED_STDIN, "EOFError: EOF when reading a line",
+                                     'job.py:7 in <module>: answer = input("Continue training? [y/N] ")'),
     "module entry point that does not exist": Row(
         "", "Error while finding module specification for 'trainer.main' "
             "(ModuleNotFoundError: No module named 'trainer')", None, rank=None, entry={"module": "trainer.main"}),
@@ -255,6 +269,30 @@ def test_a_traceback_is_read_whatever_its_prefix(prefix):
 def test_a_traceback_that_lost_its_top_still_names_the_exception():
     assert from_stderr(GLOO_ERROR[1:]) == (GLOO_ERROR[-1][len("[rank2]: "):], "/code/train.py:9 in <module>: "
                                                                              "dist.barrier()")
+
+
+# input() on a closed stdin, as a rank's interleaved stdout and stderr hold it: the prompt (stdout, no newline, no
+# prefix) stands before the header; Python 3.11 marks the call with carets.
+READS_A_CLOSED_STDIN_OUTPUT = """\
+Continue training? [y/N] PREFIXTraceback (most recent call last):
+PREFIX  File "/code/train.py", line 7, in <module>
+PREFIX    answer = input("Continue training? [y/N] ")
+PREFIX             ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+PREFIXEOFError: EOF when reading a line""".splitlines()
+
+
+@pytest.mark.parametrize("prefix", ["", "[rank1]: "])
+def test_output_before_the_header_on_its_line_does_not_hide_the_exception(prefix):
+    lines = [line.replace("PREFIX", prefix) for line in READS_A_CLOSED_STDIN_OUTPUT]
+    assert from_stderr(lines) == ("EOFError: EOF when reading a line",
+                                  '/code/train.py:7 in <module>: answer = input("Continue training? [y/N] ")')
+
+
+def test_a_line_of_carets_is_never_the_exception():
+    lines = ["Traceback (most recent call last):", '  File "/code/train.py", line 3, in <module>',
+             "    total = ratio[0] / ratio[1]", "^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^", "~~~~~~~~^~~~~~~~~~",
+             "ZeroDivisionError: division by zero"]
+    assert from_stderr(lines)[0] == "ZeroDivisionError: division by zero"
 
 
 # As rank 1 printed it (the run above), launcher installed in another place than this test's: in an

@@ -4,7 +4,8 @@ torchrun's failure report lists every failed rank of this node (rank, local rank
 file), the first one it saw end as the root cause. Each one's exception and innermost frame of user
 code come from the error file a script decorated with torch's ``@record`` writes, else from the last
 lines that rank wrote to stderr: a traceback (whatever prefix its lines carry: torch adds
-``[rank3]: `` once a process group exists), a SyntaxError's caret block, or the one line
+``[rank3]: `` once a process group exists; output written without a newline, input()'s prompt, may
+stand before its header), a SyntaxError's caret block, or the one line
 ``python -m`` prints when there is nothing to run. The frame is the user's own line: frames in
 Python's files, an installed package's, torch's or launcher's own (a refusal of ``launcher.data``
 raised under the user's ``for batch in loader``) are the library's, not the place to fix.
@@ -31,6 +32,7 @@ _REPORT_FIELD = re.compile(r"^\s*(rank|exitcode|error_file)\s*:\s*(.*)$")
 _NUMBER = re.compile(r"(-?\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
 _HEADER = "Traceback (most recent call last):"
 _FRAME = re.compile(r'  File "(.+)", line (\d+)(?:, in (.+))?$')  # no "in" for a SyntaxError's location
+_MARKERS = re.compile(r"^\s*[~^]+\s*$")  # Python 3.11's "    ^^^^^" under the part of a frame's code that failed
 _RUNPY = re.compile(r"^\S*python[\d.]*: (.+)$")  # "/usr/bin/python3: No module named pkg"
 # What a rank prints when a peer it waits on is gone: consequences, not causes.
 _PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited|"
@@ -147,8 +149,8 @@ def from_stderr(lines: Sequence[str]) -> tuple[str | None, str | None]:
             if not library_file(found.group(1)):
                 code = block[index + 1] if index + 1 < len(block) else ""
                 frame = _frame_text(*found.groups(), code.strip() if code.startswith("    ") else "")
-        elif line.strip() and not line.startswith(" "):  # the first unindented line ends the frames
-            exception = line.strip()
+        elif line.strip() and not line.startswith(" ") and not _MARKERS.match(line):
+            exception = line.strip()  # the first unindented line, not a frame's markers, ends the frames
             break
     return exception, frame
 
@@ -189,8 +191,12 @@ def _last_traceback(lines: Sequence[str]) -> list[str] | None:
     SyntaxError's report, a tail that lost its top), each without the prefix the header or frame has."""
     header = next((i for i in range(len(lines) - 1, -1, -1) if _HEADER in lines[i]), None)
     if header is not None:
-        width = lines[header].index(_HEADER)
-        return [line[width:] for line in lines[header + 1:]]
+        # The prefix's width is read off the first frame, not the header: output written without a newline
+        # (input()'s prompt) can stand before the header on its line.
+        block = lines[header + 1:]
+        frame = next((found for found in map(_FRAME.search, block) if found), None)
+        width = frame.start() if frame else lines[header].index(_HEADER)
+        return [line[width:] for line in block]
     for index, line in enumerate(lines):
         found = _FRAME.search(line)
         if found:
