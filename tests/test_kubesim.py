@@ -150,3 +150,43 @@ def test_a_followed_log_streams_until_the_container_ends(sim, clients, node_base
     followed = core.read_namespaced_pod_log(pod, "default", follow=True, _preload_content=False)
     assert followed.data.decode().split("\n") == ["line 0", "line 1", "line 2", ""]
     batch.delete_namespaced_job(name, "default", propagation_policy="Foreground")
+
+
+def test_patch_through_the_client_and_kubectl(sim, clients, tmp_path):
+    """PATCH as the API server takes it (tests/kubesim/patch.py): the client's strategic merge patch, kubectl's merge
+    and JSON patches and its label verb, a change the API refuses (422), and a finalizer patched away from an object
+    being deleted, which then goes (the Finalizers page)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    core, _ = clients
+    kubectl = [str(Path(sys.executable).with_name("kubectl")), "--kubeconfig", str(sim.kubeconfig(tmp_path / "k"))]
+    core.create_namespaced_service("default", {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "patched", "labels": {"app": "a"}, "finalizers": ["example.com/hold"]},
+        "spec": {"selector": {"app": "a"}, "ports": [{"name": "http", "port": 80}]}})
+    core.patch_namespaced_service("patched", "default", {"metadata": {"labels": {"team": "t"}},
+                                                         "spec": {"ports": [{"name": "metrics", "port": 9090}]}})
+    service = core.read_namespaced_service("patched", "default")
+    assert service.metadata.labels == {"app": "a", "team": "t"}
+    assert [port.name for port in service.spec.ports] == ["http", "metrics"]  # merged by port, its merge key
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=60)
+
+    merged = run("patch", "service", "patched", "--type", "merge", "-p", '{"metadata":{"labels":{"team":null}}}')
+    assert merged.returncode == 0, merged.stderr
+    assert run("label", "service", "patched", "tier=web").returncode == 0
+    listed = run("patch", "service", "patched", "--type", "json", "-p",
+                 '[{"op":"replace","path":"/spec/ports/1/port","value":9100}]')
+    assert listed.returncode == 0, listed.stderr
+    service = core.read_namespaced_service("patched", "default")
+    assert service.metadata.labels == {"app": "a", "tier": "web"} and service.spec.ports[1].port == 9100
+    refused = run("patch", "service", "patched", "--type", "merge", "-p", '{"spec":{"ports":[{"port":"x"}]}}')
+    assert refused.returncode != 0 and "is invalid" in refused.stderr, refused.stderr
+    core.delete_namespaced_service("patched", "default")
+    assert core.read_namespaced_service("patched", "default").metadata.deletion_timestamp  # held by its finalizer
+    core.patch_namespaced_service("patched", "default", {"metadata": {"$deleteFromPrimitiveList/finalizers": [
+        "example.com/hold"]}})
+    assert [s.metadata.name for s in core.list_namespaced_service("default").items if s.metadata.name == "patched"] \
+        == []

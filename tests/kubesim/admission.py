@@ -41,6 +41,12 @@ def admit(resource: str, body: dict[str, Any], version: str, validation: str) ->
     return warning
 
 
+def check(body: dict[str, Any], version: str, validation: str) -> str | None:
+    """Validate a changed object (a patch's result) as a created one (raise ApiError; a warning, where one is due);
+    no defaults, the server's fields kept."""
+    return _validate(body, version, validation)
+
+
 def _validate(body: dict[str, Any], version: str, validation: str) -> str | None:
     import kubernetes_validate
 

@@ -10,6 +10,7 @@ an invalid object is answered 422 Invalid; a field the schema does not know is r
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import threading
@@ -21,7 +22,7 @@ from kubesim import selectors
 from kubesim.store import ApiError, Store
 
 # (group, version) -> resource -> (kind, namespaced, verbs)
-VERBS = ["create", "delete", "get", "list", "watch"]
+VERBS = ["create", "delete", "get", "list", "patch", "watch"]
 RESOURCES: dict[tuple[str, str], dict[str, tuple[str, bool, list[str]]]] = {
     ("", "v1"): {"pods": ("Pod", True, VERBS), "services": ("Service", True, VERBS),
                  "events": ("Event", True, VERBS), "secrets": ("Secret", True, VERBS),
@@ -86,7 +87,7 @@ def openapi(path: str, version: str) -> dict[str, Any] | None:
     ``fieldValidation=Strict`` instead of checking the object itself): ``/openapi/v3`` lists each group version, and
     each group version's document has its resources' create and patch operations, each naming its kind and taking
     ``fieldValidation`` (kubectl looks at the patch operation). Only what that needs; the schemas themselves are
-    kubernetes-validate's copies, and this simulation answers PATCH with 405."""
+    kubernetes-validate's copies. PATCH is served (:mod:`kubesim.patch`); PUT is not (405)."""
     versions = {(f"apis/{group}/{ver}" if group else f"api/{ver}"): (group, ver) for group, ver in RESOURCES}
     if path == "/openapi/v3":
         return {"paths": {name: {"serverRelativeURL": f"/openapi/v3/{name}?hash=kubesim"} for name in versions}}
@@ -224,9 +225,41 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, left)
             return self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                     "details": {"name": name, "kind": resource}})
+        if method == "PATCH" and name is not None:
+            return self._patch(resource, kind, namespace, name, query)
         raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource "
                                                f"({method} {resource}; the simulation serves create, get, list, "
-                                               "watch and delete)")
+                                               "watch, patch and delete)")
+
+    def _patch(self, resource: str, kind: str, namespace: str | None, name: str, query: dict[str, str]) -> None:
+        """The patch applied to the stored object as it is when it is written (tried again, as the API server does,
+        where the object changed meanwhile and the patch named no resourceVersion); the result checked against the
+        schema as a created object is."""
+        from kubesim.admission import check
+        from kubesim.patch import patched
+
+        body, content_type = self._body(), self.headers.get("Content-Type") or ""
+        for _ in range(10):
+            current = self.api.store.get(resource, namespace, name)
+            result = patched(current, body, content_type, kind, self.api.version)
+            warnings = check(result, self.api.version, query.get("fieldValidation") or "Warn")
+            if query.get("dryRun") == "All":
+                return self._send(200, result)
+            seen = current["metadata"].get("resourceVersion")
+
+            def write(stored: dict[str, Any]) -> None:
+                if stored["metadata"].get("resourceVersion") != seen:
+                    raise _Moved()
+                stored.clear()
+                stored.update(copy.deepcopy(result))
+
+            try:
+                written = self.api.store.update(resource, namespace, name, write)
+            except _Moved:
+                continue
+            return self._send(200, written, {"Warning": f'299 - "{warnings}"'} if warnings else None)
+        raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {resource} "{name}": the object keeps '
+                                        "changing; try again")
 
     def _create(self, resource: str, kind: str, api_version: str, namespace: str | None, body: dict[str, Any],
                 query: dict[str, str]) -> None:
@@ -298,6 +331,10 @@ class _Handler(BaseHTTPRequestHandler):
         if (resource, sub, method) == ("jobs", "status", "GET"):
             return self._send(200, self.api.store.get(resource, namespace, name))
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+class _Moved(Exception):
+    """The object changed between reading it and writing the patch's result."""
 
 
 def _true(value: str | None) -> bool:
