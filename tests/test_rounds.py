@@ -79,6 +79,18 @@ def test_a_node_whose_training_process_was_killed_is_expected_in_the_next_round(
     assert joined["m"].history == ("round 0: node w-1: rank 2's training process was killed (SIGKILL)",)
 
 
+def test_a_lost_member_being_replaced_is_waited_for_up_to_the_settle_time(store):
+    policy = Policy(2, min_nodes=2)
+    join_all(store, policy, NODES, 0)
+    rounds_of(store, policy).end(0, RoundEnd("w-1", LOST, "killed", 137, time.time(), replaced=True))
+    joined = join_all(store, policy, NODES, 1, delays={"w-1": FAST.settle / 2})  # its replacement, a moment later
+    assert list(joined["m"].decision.ranks) == NODES, "one round with the replacement, not one its join ends"
+    assert joined["m"].restarts == 1
+    rounds_of(store, policy).end(1, RoundEnd("w-1", LOST, "killed", 137, time.time(), replaced=True))
+    joined = join_all(store, policy, ["m", "w-0"], 2)  # a replacement that never comes: the round settles
+    assert list(joined["m"].decision.ranks) == ["m", "w-0"] and joined["m"].restarts == 2
+
+
 def test_the_main_can_be_lost_too(store):
     join_all(store, Policy(1, min_nodes=2), NODES, 0)
     rounds_of(store, Policy(1, min_nodes=2)).end(0, RoundEnd("m", LOST, "killed", 137, time.time()))

@@ -212,10 +212,12 @@ class Rounds:
 
     def _expected(self, number: int, previous: Round | None) -> set[str]:
         """Who round ``number`` waits for without settling: everyone at first, then the previous members
-        that were neither lost nor left."""
+        that neither left nor were lost, or were lost and are being replaced (one round with the replacement
+        costs less than a round without it that its join ends at once)."""
         if previous is None:
             return set(self.order)
-        gone = {end.node for end in self.ends(number - 1) if end.kind in (LOST, LEAVE)}
+        gone = {end.node for end in self.ends(number - 1)
+                if end.kind == LEAVE or (end.kind == LOST and not end.replaced)}
         return set(previous.members) - gone
 
     def _registered(self, number: int) -> dict[str, Listed]:

@@ -125,7 +125,7 @@ def recover(run: WorkDir, prefix: str, recovery: dict[str, Any], units: Mapping[
             result[node] = _pending(fate, claim)  # another command won the claim an instant earlier
             continue
         end_round_for_lost_node(run, node, status, fate.exit_code,  # type: ignore[arg-type] - None: not stated
-                                fate.reason or "it ended", "", fate.ended_at)
+                                fate.reason or "it ended", "", fate.ended_at, replaced=wanted)
         if not wanted or start is None:
             continue
         started, error = start(claim)

@@ -25,11 +25,12 @@ class RoundEnd:
     reason: str
     exit_code: int | None = None
     at: float = 0.0
+    replaced: bool = False  # LOST: its supervisor starts a replacement, which the next round waits for
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> "RoundEnd":
         return cls(str(record.get("node")), str(record.get("kind")), str(record.get("reason")),
-                   record.get("exit_code"), float(record.get("at") or 0.0))
+                   record.get("exit_code"), float(record.get("at") or 0.0), bool(record.get("replaced")))
 
 
 @dataclass(frozen=True)

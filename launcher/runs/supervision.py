@@ -142,13 +142,14 @@ def with_error_line(reason: str, console_log: str) -> str:
 
 
 def end_round_for_lost_node(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str,
-                            console_log: str, at: float | None) -> None:
-    """A member of a recovering run died: end its round (the others meet in the next) and mark it lost."""
+                            console_log: str, at: float | None, *, replaced: bool = False) -> None:
+    """A member of a recovering run died: end its round (the others meet in the next, waiting for its
+    replacement where ``replaced``: its supervisor starts one) and mark it lost."""
     from launcher.node.rounds import Rounds
     from launcher.runs.recovery import LOST, RoundEnd
 
     ended_at = time.time() if at is None else at
-    Rounds.end_for(run, int(status["round"]), RoundEnd(name, LOST, reason, exit_code, ended_at))
+    Rounds.end_for(run, int(status["round"]), RoundEnd(name, LOST, reason, exit_code, ended_at, replaced))
     status.update({"node": name, "state": "lost", "exit_code": exit_code, "reason": reason, "ended_at": ended_at,
                    "updated_at": time.time(), "reported_by": "supervisor", "console_log": console_log})
     run.put(status_key(name), json.dumps(status).encode())
@@ -185,16 +186,17 @@ def start_supervisor(module: str, state_dir: str, run_url: str, payload: Any) ->
 
 
 def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str,
-                     console_log: str, at: float | None = None) -> None:
+                     console_log: str, at: float | None = None, *, replaced: bool = False) -> None:
     """A node that ended without a final status: save its console, record its end, and fail the run
-    unless it was cancelled. ``status`` is the node's last status record; ``at`` when it ended."""
+    unless it was cancelled. ``status`` is the node's last status record; ``at`` when it ended; ``replaced``:
+    a recovering run's supervisor starts the node again if it is lost."""
     if status.get("state") in FINAL_STATES:
         return
     # Its console holds every line it printed, also those of its last seconds that never reached a log chunk.
     run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
     cancelled = cancel_requested(run)
     if status.get("round") is not None and not cancelled:  # a recovering run: its round ends, the run goes on
-        end_round_for_lost_node(run, name, status, exit_code, reason, console_log, at)
+        end_round_for_lost_node(run, name, status, exit_code, reason, console_log, at, replaced=replaced)
         return
     reason = with_error_line(reason, console_log)
     details = {"console_log": console_log, "last_output": console_tail(console_log)}

@@ -45,10 +45,10 @@ STREAM_ENDED = "the engine's event stream ended"  # queued by the events thread 
 
 
 def node_ended(client, ends: EndRecorder, state_dir: str, name: str, container_id: str, event_exit_code: int,
-               ended_at: float, replace: Callable[[], bool] | None = None) -> None:
+               ended_at: float, replace: Callable[[], bool] | None = None, replace_wanted: bool = False) -> None:
     """Save the container's output, record the node's end for it when it could not (in the work dir ``ends`` gives
     for its exit status), write the exit record; unless the node was lost and ``replace`` started its replacement
-    (the node goes on: no exit record)."""
+    (the node goes on: no exit record). ``replace_wanted``: the policy asks for one (the next round waits for it)."""
     import docker.errors
 
     console = console_log_path(state_dir, name)
@@ -66,7 +66,8 @@ def node_ended(client, ends: EndRecorder, state_dir: str, name: str, container_i
     run = ends.store_for(exit_code)
     try:
         status = run.get_record(status_key(name))
-        record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at)
+        record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at,
+                         replaced=replace is not None and replace_wanted)
         replaced = replace is not None and status.get("state") == "lost" and replace()
     except StoreError as exc:
         _say(f"could not record the end of node {name}: {exc}")
@@ -93,11 +94,15 @@ class Nodes:
         self.containers: dict[str, str] = dict(order["containers"])
         self.replaced = 0
 
+    def wanted(self, name: str) -> bool:
+        """Whether a lost ``name`` is to be started again (the recovery policy, a run neither cancelled nor over)."""
+        return name in self.specs and replacement_wanted(self.run, self.recovery, self.replaced)
+
     def replace(self, name: str) -> bool:
         """Start ``name``'s replacement if wanted; whether it runs."""
         import docker.errors
 
-        if name not in self.specs or not replacement_wanted(self.run, self.recovery, self.replaced):
+        if not self.wanted(name):
             return False
         try:
             container_id = start_container(self.client, replacement_spec(self.specs[name], self.replaced + 1))
@@ -172,7 +177,7 @@ def main(state_dir: str, run_url: str) -> int:
             ended_at = event.get("timeNano", time.time_ns()) / 1e9  # when the engine saw it die
             try:
                 node_ended(client, ends, state_dir, name, waiting[name], int(actor["Attributes"].get("exitCode", -1)),
-                           ended_at, replace=functools.partial(nodes.replace, name))
+                           ended_at, replace=functools.partial(nodes.replace, name), replace_wanted=nodes.wanted(name))
             except Exception as exc:  # noqa: BLE001 - one node's trouble must not leave the others unrecorded
                 _say(f"could not record the end of node {name}: {type(exc).__name__}: {exc}")
             if nodes.containers[name] != waiting[name]:  # replaced: follow its new container
