@@ -4,6 +4,7 @@ The example from `launcher init`, 2 nodes x 1 process, `-- --epochs 4`, started 
 would, alternated in one run:
 
 - launcher: `launcher run -f train.yaml -- --epochs 4` (submit, follow the logs, exit with the result);
+- launcher cold: the same with warm starts off (`--env LAUNCHER_WARM_START=0`): what they save;
 - torchx:   `torchx run -s local_cwd dist.ddp -j 2x1 --script train.py -- --epochs 4` (TorchX 0.7.0 in its
             own venv; its torchrun is this venv's, first on PATH).
 
@@ -29,11 +30,11 @@ from common import median, torchx_bin
 BIN = Path(sys.executable).parent
 
 
-def launcher(project: Path, home: Path, epochs: int) -> tuple[float, float, float]:
+def launcher(project: Path, home: Path, epochs: int, options: tuple[str, ...] = ()) -> tuple[float, float, float]:
     """(wall seconds, last process exit -> `launcher run` returned, last process exit -> last torchrun exit)."""
     env = {**os.environ, "LAUNCHER_HOME": str(home)}
     started = time.time()
-    done = subprocess.run([str(BIN / "launcher"), "run", "-f", "train.yaml", "--", "--epochs", str(epochs)],
+    done = subprocess.run([str(BIN / "launcher"), "run", "-f", "train.yaml", *options, "--", "--epochs", str(epochs)],
                           cwd=project, env=env, capture_output=True, text=True)
     returned = time.time()
     assert done.returncode == 0, done.stdout + done.stderr
@@ -68,19 +69,23 @@ def main() -> None:
     torchx_bin()
     torchx(project, 1)  # warm-up: both find their files in the page cache
     launcher(project, root / "home", 1)
-    ours, theirs, ends, before_torchrun_exit = [], [], [], []
+    ours, cold, theirs, ends, before_torchrun_exit = [], [], [], [], []
     for _ in range(args.repeat):
         wall, end, in_torchrun = launcher(project, root / "home", args.epochs)
         ours.append(wall)
         ends.append(end)
         before_torchrun_exit.append(in_torchrun)
+        cold.append(launcher(project, root / "home", args.epochs, ("--env", "LAUNCHER_WARM_START=0"))[0])
         theirs.append(torchx(project, args.epochs))
-        print(f"launcher {wall:.2f} s (end {end:.3f} s), torchx {theirs[-1]:.2f} s", file=sys.stderr)
+        print(f"launcher {wall:.2f} s (end {end:.3f} s), cold {cold[-1]:.2f} s, torchx {theirs[-1]:.2f} s",
+              file=sys.stderr)
     print(f"| 2 nodes x 1 process, {args.epochs} epochs | median wall time |")
     print("|---|---|")
     print(f"| launcher run | {median(ours):.2f} s |")
+    print(f"| launcher run, LAUNCHER_WARM_START=0 | {median(cold):.2f} s |")
     print(f"| torchx local_cwd | {median(theirs):.2f} s |")
-    print(f"\nlauncher / torchx: {median(ours) / median(theirs):.2f}x (target <= 0.95x), {args.repeat} pairs; "
+    print(f"\nlauncher / torchx: {median(ours) / median(theirs):.2f}x (target <= 0.95x), with warm starts off "
+          f"{median(cold) / median(theirs):.2f}x, {args.repeat} rounds; "
           f"the end (last training process exit -> `launcher run` returned): median {median(ends):.3f} s, "
           f"max {max(ends):.3f} s (target <= 0.3 s), of which {median(before_torchrun_exit):.3f} s before "
           f"torchrun's exit; load average {os.getloadavg()[0]:.1f}")

@@ -87,10 +87,15 @@ COLD = [{"name": "LAUNCHER_WARM_START", "value": "0"}]
 
 
 def run(tmp_path: Path, script: str, env: list | None = None, *, args: list | None = None, nodes: int = 2,
-        processes: int = 2):
+        processes: int = 2, linked: bool = False):
+    """``linked``: job.py is a symbolic link to the script in another directory."""
     (tmp_path / "extra").mkdir(exist_ok=True)
     spec = write_spec(tmp_path, script, nodes=nodes, args=args, extra_cluster={"processesPerNode": processes},
                       env=[{"name": "PYTHONPATH", "value": str(tmp_path / "extra")}, *(env or [])])
+    if linked:
+        (tmp_path / "lib").mkdir()
+        (tmp_path / "job.py").rename(tmp_path / "lib" / "real_job.py")
+        (tmp_path / "job.py").symlink_to(tmp_path / "lib" / "real_job.py")
     environment = {**os.environ, "LAUNCHER_HOME": str(tmp_path / "home")}
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, env=environment, timeout=300)
     return done, tmp_path / "wd" / run_id_from(done.stdout)
@@ -104,7 +109,7 @@ def test_training_processes_start_warm_and_see_what_a_fresh_start_sees(tmp_path)
     runs = {}
     for label, env in (("warm", []), ("cold", COLD)):
         (tmp_path / label).mkdir()
-        done, work = run(tmp_path / label, PROBE, env, args=["--lr", "0.1"])
+        done, work = run(tmp_path / label, PROBE, env, args=["--lr", "0.1"], linked=True)
         assert done.returncode == 0, done.stdout + done.stderr
         runs[label] = facts_of(work)
         assert sorted(runs[label]) == [0, 1, 2, 3]
@@ -128,6 +133,7 @@ def test_training_processes_start_warm_and_see_what_a_fresh_start_sees(tmp_path)
         assert in_warm == in_cold, f"rank {rank}: a warm start differs from a fresh one"
     said = warm[0]
     assert said["name"] == "__main__" and said["argv"] == ["job.py", "--lr", "0.1"] and said["main_is_me"]
+    assert said["path"][0] == str(tmp_path / "warm" / "lib"), "sys.path[0] is the linked script's own directory"
     assert said["threads"] == int(said["omp"]) == 1, "OMP_NUM_THREADS, which torchrun sets, must hold"
     assert said["stack_file"], "launcher's rank hooks (stacks on a signal) run in a warm process too"
     assert said["annotation"] == "<class 'int'>", "the script is compiled with its own future imports only"

@@ -78,7 +78,7 @@ def run(command: dict) -> None:
 
     path = os.path.abspath(command["name"])
     sys.argv = [command["name"], *command["args"]]
-    sys.path[0] = os.path.dirname(path)
+    sys.path[0] = os.path.dirname(os.path.realpath(path))  # as the interpreter computes it: links resolved
     main = types.ModuleType("__main__")
     main.__file__, main.__builtins__, main.__cached__ = path, builtins, None
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
