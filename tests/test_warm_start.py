@@ -16,11 +16,12 @@ import pytest
 from cluster import write_spec
 from clirun import run_id_from
 from conftest import run_cli
-from launcher.node.warmstart import WarmInterpreter, entry_of
+from launcher.node.warmstart import WarmInterpreter, entry_of, warm_starts_on
 
 # Written before `import torch`: whether torch was there already says whether this process started warm.
 PROBE = """
-import sys
+names_at_start = sorted(globals())
+import signal, sys
 warm = "torch" in sys.modules
 import atexit, os, random
 import torch
@@ -37,7 +38,11 @@ facts = {
     "stdout": [sys.stdout is sys.__stdout__, sys.stdout.line_buffering, sys.stdout.write_through,
                sys.stderr.errors, sys.stdout.encoding],
     "open_fds": len(os.listdir("/proc/self/fd")), "stdin_at_end": sys.stdin.read(), "flags": repr(sys.flags),
-    "random": random.random(), "hash": hash("same text"),
+    "random": random.random(), "hash": hash("same text"), "names_at_start": names_at_start,
+    "signals": [str(signal.getsignal(s)) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT, signal.SIGPIPE)]
+               + [signal.getsignal(signal.SIGINT) is signal.default_int_handler],
+    "mp_main": sys.modules.get("__mp_main__", sys.modules["__main__"]) is sys.modules["__main__"],
+    "launcher_imported": "launcher" in sys.modules,
 }
 out = os.environ["LAUNCHER_OUTPUTS_DIR"]
 left_open = open(os.path.join(out, f"left-open-{rank}.txt"), "w")  # never closed, never flushed by the script
@@ -53,7 +58,7 @@ if os.environ.get("EXIT_WITH") and rank == 1:
 # Programs that broke training processes forked from torchrun's process (an earlier design): each must run as
 # it does from a fresh start.
 PROGRAMS = """
-import concurrent.futures, gzip, multiprocessing, os, threading, time
+import concurrent.futures, dataclasses, gzip, multiprocessing, os, threading, time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -66,13 +71,20 @@ class Note:  # defined in __main__: a spawned child must unpickle it, so it must
 
 def read_note(note): return note.text.upper()
 
+@dataclasses.dataclass
+class Answer:  # defined in __main__ and sent back from a spawned child: it must unpickle here too
+    value: int
+
+def answer(x): return Answer(x * 10)
+
 if __name__ == "__main__":
     out, rank = os.environ["LAUNCHER_OUTPUTS_DIR"], os.environ["RANK"]
     total = sum(float(batch.sum()) for batch in DataLoader(Squares(), batch_size=4, num_workers=2))
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         spawned = pool.apply(read_note, (Note("from main"),))
+        answers = [item.value for item in pool.map(answer, [1, 2])]
     with open(os.path.join(out, f"result-{rank}.json"), "w") as handle:
-        handle.write(__import__("json").dumps({"total": total, "spawned": spawned}))
+        handle.write(__import__("json").dumps({"total": total, "spawned": spawned, "answers": answers}))
     left = gzip.open(os.path.join(out, f"left-open-{rank}.gz"), "wt")  # never closed: finalisation ends it
     left.write("compressed " * 1000)
     def later():
@@ -144,7 +156,7 @@ def test_programs_with_worker_processes_threads_and_open_files_run_warm_as_they_
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in range(2):
         result = json.loads(next(work.glob(f"outputs/*/result-{rank}.json")).read_text())
-        assert result == {"total": 8.0 * sum(i * i for i in range(64)), "spawned": "FROM MAIN"}
+        assert result == {"total": 8.0 * sum(i * i for i in range(64)), "spawned": "FROM MAIN", "answers": [10, 20]}
         with gzip.open(next(work.glob(f"outputs/*/left-open-{rank}.gz")), "rt") as handle:
             assert handle.read() == "compressed " * 1000
         assert next(work.glob(f"outputs/*/thread-{rank}.txt")).read_text() == "finished"
@@ -225,3 +237,9 @@ def test_a_warm_interpreter_nobody_takes_ends_at_once_when_its_torchrun_does(tmp
     assert done.returncode == 0, done.stderr
     for pid in done.stdout.split():
         assert not Path(f"/proc/{pid}").exists(), "an unused warm interpreter outlived its pool"
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), ("false", False), (" OFF ", False),
+                                       ("no", False)])
+def test_the_switch_reads_the_usual_words_for_off(value, on):
+    assert warm_starts_on({} if value is None else {"LAUNCHER_WARM_START": value}) is on

@@ -74,7 +74,7 @@ class HangWatch:
             where = stuck[0].innermost_user_frame or (stuck[0].frames[0] if stuck[0].frames else "an unknown place")
             waiting = [label(local) for local, stack in sorted(stacks.items()) if stack.waiting]
             return Verdict(f"hung: {label(stuck[0].local_rank)} made no progress for {timeout:g}s outside any "
-                           f"collective, at {where}" + (f" ({', '.join(waiting)} wait for it)" if waiting else ""))
+                           f"collective, at {where}" + (f" ({', '.join(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it)" if waiting else ""))
         silent = ", ".join(label(local) for local in range(self.processes))
         if not stacks:
             return Verdict(f"hung: no training process wrote a line for {timeout:g}s (silent: {silent}); no stack "

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from launcher.node.childproc import die_with_parent
-from launcher.node.warmstart import WARM_START_ENV
+from launcher.node.warmstart import warm_starts_on
 
 
 class Spare:
@@ -28,7 +28,7 @@ class Spare:
         """Start a spare for ``processes`` training processes unless one is ready (or warm starts are off)."""
         from launcher.node.torchrun import standing_env
 
-        if self.proc is not None or os.environ.get(WARM_START_ENV, "1") == "0":
+        if self.proc is not None or not warm_starts_on(os.environ):
             return
         self.proc = subprocess.Popen([sys.executable, "-m", "launcher.node.torchrun_shim", "--spare", str(processes)],
                                      env=standing_env(os.environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -1,43 +1,44 @@
 """A training process started before it is needed: a fresh interpreter that imports torch, then waits to be told
 which script to run, for which rank (:mod:`launcher.node.warmstart` sends that from torchrun's process).
 
-``python -u -m launcher.node.warm_interpreter FD``: FD is its end of a socket pair. The command comes as one
-JSON object (the script or module, its arguments, the environment torchrun gives the rank, the working
-directory), with the descriptors of the rank's output. The process then becomes what ``python -u train.py``
-would be, less the second of torch's import: the output, environment, ``sys.argv``, ``sys.path[0]`` and a fresh
-``__main__`` of that start, launcher's rank hooks, and the interpreter's own handling of the script's end
-(threads joined, ``atexit``, files flushed, the exit status of an exception or of Ctrl-C). It is a process of
-its own from the start (never a fork), so nothing of torchrun's is in it. Closing the socket with no command
-ends it at once.
+Started as ``python -u -c "exec(compile(THIS_FILE's text, THIS_FILE, 'exec'))" FD``: this file runs as
+the interpreter's own ``__main__``, so the script later runs in that very module (what ``multiprocessing``
+recorded as ``__mp_main__`` while torch was imported stays right), and nothing of launcher's package is
+imported (a module of the script's named ``launcher`` is not shadowed). It imports only the standard library
+and torch. FD is its end of a socket pair. The command comes as one JSON object (the script or module, its
+arguments, the environment torchrun gives the rank, the working directory), with the descriptors of the rank's
+output. The process then becomes what ``python -u train.py`` would be, less the second of torch's import: the
+output, environment, signal dispositions, ``sys.argv``, ``sys.path[0]``, a ``__main__`` holding nothing of this
+file's, launcher's rank hooks, and the interpreter's own handling of the script's end (threads joined,
+``atexit``, files flushed, the exit status of an exception or of Ctrl-C). It is a process of its own from the
+start (never a fork), so nothing of torchrun's is in it. Closing the socket with no command ends it at once.
 """
-
-from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
-from types import TracebackType
 
 import torch  # noqa: F401 - the reason this process exists: imported before its rank needs it
 
 MAX_MESSAGE = 1 << 20
+# The signals torchrun catches while its training processes run: a process it starts gets them at their defaults
+TORCHRUN_CAUGHT = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-def receive(channel: socket.socket) -> tuple[dict, list[int]] | None:
-    """The command and the descriptors sent with it; None when the other end closed with nothing."""
+def receive(channel):
+    """(the command, the descriptors sent with it); None when the other end closed with nothing."""
     data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, 2)
     chunks = [data]
     while data:
         data = channel.recv(MAX_MESSAGE)
         chunks.append(data)
     body = b"".join(chunks)
-    if not body:
-        return None
-    return json.loads(body), fds
+    return (json.loads(body), fds) if body else None
 
 
-def become(command: dict, fds: list[int]) -> None:
+def become(command, fds):
     """This process as a fresh start of the command would be, up to the script's first line."""
     for target, fd in zip(command["outputs"], fds):
         os.dup2(fd, target)
@@ -47,60 +48,64 @@ def become(command: dict, fds: list[int]) -> None:
     os.environ.update(command["env"])
     if os.getcwd() != command["cwd"]:
         os.chdir(command["cwd"])
+    for signum in TORCHRUN_CAUGHT:  # here they are as this process inherited them (a supervisor ignores SIGHUP)
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     hooks = sys.modules.get("sitecustomize")  # launcher's rank hooks ran at this start, before there was a rank
     if hasattr(hooks, "register_stack_dump"):
         hooks.register_stack_dump()
-    sys.orig_argv = [sys.executable, "-u", *(["-m"] if command["kind"] == "module" else []), command["name"],
-                     *command["args"]]
-    usual_hook = sys.excepthook
-
-    def show_users_part(kind: type, value: BaseException, tb: TracebackType | None) -> None:
-        users = users_part(tb)  # the hook prints the exception's own traceback, where it has one
-        usual_hook(kind, value.with_traceback(users) if isinstance(value, BaseException) else value, users)
-
-    sys.excepthook = show_users_part
+    module = command["kind"] == "module"
+    sys.orig_argv = [sys.executable, "-u", *(["-m"] if module else []), command["name"], *command["args"]]
+    sys.argv = ["-m" if module else command["name"], *command["args"]]
+    path = os.path.abspath(command["name"])
+    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.realpath(path))  # links resolved, as Python does
+    sys.excepthook = users_part_hook(sys.excepthook, (become.__code__.co_filename, "<string>"))
 
 
-def run(command: dict) -> None:
-    """The script or module as ``__main__``, in a module of its own (this one's globals stay apart)."""
-    import runpy
-    import types
+_HOOK = """
+def show_users_part(kind, value, tb):
+    while tb is not None and tb.tb_frame.f_code.co_filename in OURS:
+        tb = tb.tb_next
+    # the hook prints the exception's own traceback, where it has one
+    USUAL(kind, value.with_traceback(tb) if isinstance(value, BaseException) else value, tb)
+"""
 
-    if command["kind"] == "module":  # what `python -m` calls, its errors ("No module named ...") included
-        sys.argv = ["-m", *command["args"]]
-        sys.path[0] = os.getcwd()
-        sys.modules["__main__"] = types.ModuleType("__main__")
-        runpy._run_module_as_main(command["name"], alter_argv=True)
-        return
-    import builtins
+
+def users_part_hook(usual, ours):
+    """An excepthook: ``usual``, given the traceback from the script's first frame (the frames of files in ``ours``
+    dropped). Made in a namespace of its own: a function of this file would keep ``__main__``'s namespace, the
+    script's, alive at exit past the modules its objects need to end (a gzip file left open lost its end)."""
+    namespace = {"USUAL": usual, "OURS": ours}
+    exec(_HOOK, namespace)
+    return namespace["show_users_part"]
+
+
+def main_code(command):
+    """(the code to run, ``__main__``'s namespace emptied of this file's names and set up as a fresh start's)."""
     import importlib.machinery
     import io
 
-    path = os.path.abspath(command["name"])
-    sys.argv = [command["name"], *command["args"]]
-    sys.path[0] = os.path.dirname(os.path.realpath(path))  # as the interpreter computes it: links resolved
-    main = types.ModuleType("__main__")
-    main.__file__, main.__builtins__, main.__cached__ = path, builtins, None
-    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
-    sys.modules["__main__"] = main
-    with io.open_code(path) as handle:
-        code = compile(handle.read(), path, "exec", dont_inherit=True)
-    exec(code, main.__dict__)
-
-
-def users_part(traceback: TracebackType | None) -> TracebackType | None:
-    """The traceback from the script's own first frame, as a fresh interpreter shows it (this module's and
-    runpy's frames dropped; none left for a script that did not compile)."""
-    while traceback is not None and (traceback.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
-                                     or traceback.tb_frame.f_code.co_filename.endswith("runpy.py")):
-        traceback = traceback.tb_next
-    return traceback
+    namespace = sys.modules["__main__"].__dict__
+    builtins = namespace["__builtins__"]
+    if command["kind"] == "module":  # what `python -m` runs, its errors ("No module named ...") included
+        code = compile(f"__import__('runpy')._run_module_as_main({command['name']!r}, True)", "<string>", "exec")
+        extra = {}
+    else:
+        path = os.path.abspath(command["name"])
+        with io.open_code(path) as handle:
+            code = compile(handle.read(), path, "exec", dont_inherit=True)
+        extra = {"__file__": path, "__cached__": None,
+                 "__loader__": importlib.machinery.SourceFileLoader("__main__", path)}
+    namespace.clear()
+    namespace.update(__name__="__main__", __doc__=None, __package__=None, __spec__=None, __builtins__=builtins,
+                     __annotations__={}, **extra)
+    return code, namespace
 
 
 if __name__ == "__main__":
-    with socket.socket(fileno=int(sys.argv[1])) as _channel:
-        _received = receive(_channel)
-    if _received is None:
+    with socket.socket(fileno=int(sys.argv[1])) as channel:
+        received = receive(channel)
+    if received is None:
         os._exit(0)  # never needed: nothing to finalise, and torch's teardown takes a second
-    become(*_received)
-    run(_received[0])
+    become(*received)
+    exec(*main_code(received[0]))  # `exec` comes from the builtins: the namespace holds none of this file's names

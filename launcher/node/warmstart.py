@@ -23,6 +23,13 @@ import sys
 from typing import IO, Any, Mapping
 
 WARM_START_ENV = "LAUNCHER_WARM_START"
+OFF = ("0", "false", "no", "off")
+
+
+def warm_starts_on(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` leaves warm starts on (the default): LAUNCHER_WARM_START=0 (false, no, off) turns them off."""
+    return env.get(WARM_START_ENV, "1").strip().lower() not in OFF
+
 # What torchrun (its local agent) and launcher's node set for each training process: read as it runs (by
 # torch.distributed, by the script), never by the interpreter's or a library's start.
 ROUND_NAMES = frozenset({
@@ -31,6 +38,9 @@ ROUND_NAMES = frozenset({
     "NODE_RANK", "NNODES",
 })
 ROUND_PREFIXES = ("TORCHELASTIC_", "LAUNCHER_")
+_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_interpreter.py")
+# The file as the interpreter's own __main__ (see launcher.node.warm_interpreter: not imported as launcher's module)
+RUN_WARM_INTERPRETER = f"exec(compile(__import__('pathlib').Path({_PROGRAM!r}).read_text(), {_PROGRAM!r}, 'exec'))"
 
 
 class WarmInterpreter:
@@ -44,8 +54,8 @@ class WarmInterpreter:
         self.channel = ours
         # Its own session (torchrun stops a process by its group, as it would one it started); stdin as a
         # spare's training process would have it; ended with torchrun's process while unused.
-        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "launcher.node.warm_interpreter",
-                                      str(theirs.fileno())], env=self.env, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([sys.executable, "-u", "-c", RUN_WARM_INTERPRETER, str(theirs.fileno())],
+                                     env=self.env, stdin=subprocess.DEVNULL,
                                      pass_fds=(theirs.fileno(),), start_new_session=True,
                                      preexec_fn=die_with_parent())
         theirs.close()

@@ -242,6 +242,9 @@ def test_the_local_backend_refuses_what_this_machine_cannot_run():
     assert capacity_problem(2, 2, cpus=2, available_mib=24000) is None
     assert "more than this machine's 2 CPUs" in capacity_problem(64, 1, cpus=2, available_mib=24000)
     assert "MiB available" in capacity_problem(4, 2, cpus=16, available_mib=1000)
+    # warm starts keep a spare torchrun per node and a waiting interpreter per training process
+    assert "need about 4200 MiB" in capacity_problem(2, 2, cpus=2, available_mib=4000)
+    assert capacity_problem(2, 2, cpus=2, available_mib=4000, warm=False) is None
 
 
 def test_the_local_backend_refusal_is_bad_input_before_anything_starts(tmp_path, launcher_home):

@@ -14,19 +14,21 @@ from launcher.runs.state import RunInfo, home
 from launcher.spec.model import LocalInfra, Spec
 from launcher.workdirs import resolve_local, scheme
 
-# A training process that has imported torch takes about 300 MiB; node and torchrun processes a
-# little less. The check refuses clusters this machine clearly cannot hold, not tight ones.
+# A training process that has imported torch takes about 300 MiB; torchrun processes a little less. With warm
+# starts (the default) each node also keeps a spare torchrun and one waiting interpreter per training process,
+# each about as large. The check refuses clusters this machine clearly cannot hold, not tight ones.
 MIB_PER_PROCESS = 300
 PROCESSES_PER_CPU = 4
 
 
-def capacity_problem(nodes: int, processes_per_node: int, *, cpus: int, available_mib: int | None) -> str | None:
-    """Why this machine cannot start the cluster as local processes, or None when it can."""
+def capacity_problem(nodes: int, processes_per_node: int, *, cpus: int, available_mib: int | None,
+                     warm: bool = True) -> str | None:
+    """Why this machine cannot start the cluster as local processes, or None when it can (``warm``: warm starts on)."""
     training = nodes * processes_per_node
     if training > max(8, PROCESSES_PER_CPU * cpus):
         return (f"{nodes} nodes x {processes_per_node} processes = {training} training processes, more than this "
                 f"machine's {cpus} CPUs can run as local processes (at most {max(8, PROCESSES_PER_CPU * cpus)})")
-    needed = (training + 2 * nodes) * MIB_PER_PROCESS
+    needed = ((2 * training + 3 * nodes) if warm else (training + 2 * nodes)) * MIB_PER_PROCESS
     if available_mib is not None and needed > available_mib:
         return (f"{nodes} nodes x {processes_per_node} processes need about {needed} MiB "
                 f"({MIB_PER_PROCESS} MiB per process), and this machine has {available_mib} MiB available")
@@ -85,8 +87,11 @@ class LocalBackend(Backend):
         return request
 
     def _capacity(self, spec: Spec) -> str | None:
+        from launcher.node.warmstart import warm_starts_on
+
+        settings = {item.name: item.value for item in (*spec.cluster.env, *spec.runtime.env)}
         return capacity_problem(spec.cluster.node_count, spec.cluster.processes_per_node or 1,
-                                cpus=os.cpu_count() or 1, available_mib=_available_mib())
+                                cpus=os.cpu_count() or 1, available_mib=_available_mib(), warm=warm_starts_on(settings))
 
     def check(self, dryrun: DryRun) -> list[str]:
         problem = self._capacity(dryrun.plan.spec)
