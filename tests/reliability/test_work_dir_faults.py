@@ -300,7 +300,10 @@ def test_read_verbs_give_up_on_a_store_that_is_down_within_the_stated_limit(tmp_
             assert "is unreachable since" in done.stderr and "\nerror: work dir " in done.stderr, (verb, done)
             assert "limit 3s, LAUNCHER_STORE_DEADLINE" in done.stderr, (verb, done.stderr)
     errors = {verb: done.stderr for verb, (_, done) in ended.items()}
-    assert "Could not connect" in errors["status"] and "s3://down-bucket/runs/down-0" in errors["status"]
+    # the refused store's error names the refusal; on a machine too busy to see even the refusal within the request
+    # timeout (2 s; seen with stress-ng beside the suite), the timeout: either way the cause, within the limit
+    assert ("Could not connect" in errors["status"] or "FSTimeoutError" in errors["status"]) \
+        and "s3://down-bucket/runs/down-0" in errors["status"], errors["status"]
     assert "FSTimeoutError" in errors["status, stalled"]
     assert "oci://runs@ns/launcher/r1" in errors["status, OCI"] and "Connection refused" in errors["status, OCI"]
     listed = ended["list, stalled"][1].stdout.splitlines()[1:]
