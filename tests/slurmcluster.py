@@ -175,9 +175,31 @@ def slurm_cluster(tmp_path_factory):
         cluster.stop()
 
 
+LEFT_JOB_SECONDS = 30  # a run's jobs end this soon after its client returns (the tests' own bound)
+
+
 @pytest.fixture
 def slurm(slurm_cluster, monkeypatch):
-    """The session's cluster, with this test's environment (and the CLI it starts) pointed at it."""
+    """The session's cluster, with this test's environment (and the CLI it starts) pointed at it. A job the test
+    left running fails the test, with what Slurm and the job's output say, and is cancelled: the next test
+    starts on an empty cluster (one left job once failed three tests after it)."""
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)
-    return slurm_cluster
+    yield slurm_cluster
+    deadline = time.monotonic() + LEFT_JOB_SECONDS
+    left = slurm_cluster.command("squeue", "-h", "-o", "%i", check=False).stdout.split()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)  # squeue has no wait; jobs end on their own within the bound
+        left = slurm_cluster.command("squeue", "-h", "-o", "%i", check=False).stdout.split()
+    if not left:
+        return
+    said = []
+    for job in left:
+        shown = slurm_cluster.command("scontrol", "show", "job", job, check=False).stdout
+        said.append(shown)
+        output = re.search(r"StdOut=(\S+)", shown)
+        if output and Path(output[1]).is_file():
+            said.append("its output, last lines:\n" + "\n".join(Path(output[1]).read_text(errors="replace")
+                                                               .splitlines()[-40:]))
+    slurm_cluster.command("scancel", *left, check=False)
+    pytest.fail(f"jobs {', '.join(left)} still ran {LEFT_JOB_SECONDS}s after the test:\n" + "\n".join(said))
