@@ -24,12 +24,6 @@ from typing import IO, Any, Mapping
 
 WARM_START_ENV = "LAUNCHER_WARM_START"
 OFF = ("0", "false", "no", "off")
-
-
-def warm_starts_on(env: Mapping[str, str]) -> bool:
-    """Whether ``env`` leaves warm starts on (the default): LAUNCHER_WARM_START=0 (false, no, off) turns them off."""
-    return env.get(WARM_START_ENV, "1").strip().lower() not in OFF
-
 # What torchrun (its local agent) and launcher's node set for each training process: read as it runs (by
 # torch.distributed, by the script), never by the interpreter's or a library's start.
 ROUND_NAMES = frozenset({
@@ -41,6 +35,11 @@ ROUND_PREFIXES = ("TORCHELASTIC_", "LAUNCHER_")
 _PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_interpreter.py")
 # The file as the interpreter's own __main__ (see launcher.node.warm_interpreter: not imported as launcher's module)
 RUN_WARM_INTERPRETER = f"exec(compile(__import__('pathlib').Path({_PROGRAM!r}).read_text(), {_PROGRAM!r}, 'exec'))"
+
+
+def warm_starts_on(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` leaves warm starts on (the default): LAUNCHER_WARM_START=0 (false, no, off) turns them off."""
+    return env.get(WARM_START_ENV, "1").strip().lower() not in OFF
 
 
 class WarmInterpreter:
