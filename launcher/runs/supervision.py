@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from launcher.backends.base import NodeFate
 from launcher.errors import BackendError
@@ -186,18 +186,21 @@ def start_supervisor(module: str, state_dir: str, run_url: str, payload: Any) ->
 
 
 def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str,
-                     console_log: str, at: float | None = None, *, replaced: bool = False) -> None:
+                     console_log: str, at: float | None = None, *,
+                     wants_replacement: Callable[[], bool] | None = None) -> bool:
     """A node that ended without a final status: save its console, record its end, and fail the run
-    unless it was cancelled. ``status`` is the node's last status record; ``at`` when it ended; ``replaced``:
-    a recovering run's supervisor starts the node again if it is lost."""
-    if status.get("state") in FINAL_STATES:
-        return
+    unless it was cancelled. ``status`` is the node's last status record; ``at`` when it ended. Returns whether
+    the node is to be started again: it was lost and ``wants_replacement`` (asked only then) says so; the end
+    record this writes says so too, and the next round waits for it."""
+    if status.get("state") in FINAL_STATES:  # a node that recorded itself lost is replaced all the same
+        return status.get("state") == "lost" and wants_replacement is not None and wants_replacement()
     # Its console holds every line it printed, also those of its last seconds that never reached a log chunk.
     run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
     cancelled = cancel_requested(run)
     if status.get("round") is not None and not cancelled:  # a recovering run: its round ends, the run goes on
+        replaced = wants_replacement is not None and wants_replacement()
         end_round_for_lost_node(run, name, status, exit_code, reason, console_log, at, replaced=replaced)
-        return
+        return replaced
     reason = with_error_line(reason, console_log)
     details = {"console_log": console_log, "last_output": console_tail(console_log)}
     status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
@@ -206,6 +209,7 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
     run.put(status_key(name), json.dumps(status).encode())
     if not cancelled:
         record_failure(run, name, status.get("rank"), exit_code, reason, details, at=at)
+    return False
 
 
 class EndRecorder:

@@ -45,10 +45,11 @@ STREAM_ENDED = "the engine's event stream ended"  # queued by the events thread 
 
 
 def node_ended(client, ends: EndRecorder, state_dir: str, name: str, container_id: str, event_exit_code: int,
-               ended_at: float, replace: Callable[[], bool] | None = None, replace_wanted: bool = False) -> None:
+               ended_at: float, replace: Callable[[], bool] | None = None,
+               wants_replacement: Callable[[], bool] | None = None) -> None:
     """Save the container's output, record the node's end for it when it could not (in the work dir ``ends`` gives
-    for its exit status), write the exit record; unless the node was lost and ``replace`` started its replacement
-    (the node goes on: no exit record). ``replace_wanted``: the policy asks for one (the next round waits for it)."""
+    for its exit status), write the exit record; unless the node was lost, ``wants_replacement`` said so and
+    ``replace`` started its replacement (the node goes on: no exit record)."""
     import docker.errors
 
     console = console_log_path(state_dir, name)
@@ -66,9 +67,9 @@ def node_ended(client, ends: EndRecorder, state_dir: str, name: str, container_i
     run = ends.store_for(exit_code)
     try:
         status = run.get_record(status_key(name))
-        record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at,
-                         replaced=replace is not None and replace_wanted)
-        replaced = replace is not None and status.get("state") == "lost" and replace()
+        wanted = record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at,
+                                  wants_replacement=wants_replacement)
+        replaced = wanted and replace is not None and replace()
     except StoreError as exc:
         _say(f"could not record the end of node {name}: {exc}")
     finally:  # written last: a reader that sees it knows the node's console is saved
@@ -177,7 +178,8 @@ def main(state_dir: str, run_url: str) -> int:
             ended_at = event.get("timeNano", time.time_ns()) / 1e9  # when the engine saw it die
             try:
                 node_ended(client, ends, state_dir, name, waiting[name], int(actor["Attributes"].get("exitCode", -1)),
-                           ended_at, replace=functools.partial(nodes.replace, name), replace_wanted=nodes.wanted(name))
+                           ended_at, replace=functools.partial(nodes.replace, name),
+                           wants_replacement=functools.partial(nodes.wanted, name))
             except Exception as exc:  # noqa: BLE001 - one node's trouble must not leave the others unrecorded
                 _say(f"could not record the end of node {name}: {type(exc).__name__}: {exc}")
             if nodes.containers[name] != waiting[name]:  # replaced: follow its new container

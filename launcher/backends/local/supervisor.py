@@ -96,9 +96,8 @@ class Supervisor:
         try:
             status = run.get_record(status_key(name))
             save_leftovers(run, name, status)
-            wanted = replacement_wanted(self.run, self.recovery, self.replaced)
-            record_on_behalf(run, name, status, exit_code, reason, console, at=ended_at, replaced=wanted)
-            if status.get("state") == "lost" and wanted:
+            if record_on_behalf(run, name, status, exit_code, reason, console, at=ended_at,
+                                wants_replacement=lambda: replacement_wanted(self.run, self.recovery, self.replaced)):
                 self.replaced += 1
                 pid = self.spawn(self.by_name[name], incarnation=self.replaced)
                 self.record()
