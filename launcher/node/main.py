@@ -70,7 +70,7 @@ class Node:
         self.shipper = LogShipper(self.run, settings.node, continues=settings.incarnation > 0).start()
         self.events = EventLog(self.run, settings.node, settings.incarnation)  # started with main(): see main()
         self.run.outage.say = self.say  # once when the work dir stops answering, once when it answers again
-        self.status = StatusRecord(self.run, settings.node, settings.run_id)
+        self.status = StatusRecord(self.run, settings.node, settings.run_id, settings.incarnation)
         self.control = ControlWatch(self.run, settings.node)
         self.proc: subprocess.Popen | None = None
         self.stop_request: StopRequest | None = None

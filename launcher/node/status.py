@@ -22,13 +22,14 @@ def status_key(node: str) -> str:
 
 
 class StatusRecord:
-    def __init__(self, store: WorkDir, node: str, run_id: str):
+    def __init__(self, store: WorkDir, node: str, run_id: str, incarnation: int = 0):
         self.store = store
         self._lock = threading.Lock()
         now = time.time()
         self.record: dict[str, Any] = {
-            "node": node, "run_id": run_id, "state": "registering", "rank": None, "main": None,
-            "address": None, "host": socket.gethostname(), "pid": os.getpid(), "exit_code": None,
+            # incarnation: which start of the node wrote it (a replacement's record replaces its predecessor's)
+            "node": node, "run_id": run_id, "incarnation": incarnation, "state": "registering", "rank": None,
+            "main": None, "address": None, "host": socket.gethostname(), "pid": os.getpid(), "exit_code": None,
             "reason": None, "started_at": now, "updated_at": now, "ended_at": None,
         }
 

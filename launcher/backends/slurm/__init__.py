@@ -190,7 +190,8 @@ class SlurmBackend(Backend):
             return {}  # cancelled just now; the next look sees the job's end
         if batch is not None and batch.ended_by_slurm:
             self._record_engine_end(info, scope, batch)
-        fates = {name: self._fate(info, scope, name, units[name], jobs.get(units[name])) for name in info.nodes}
+        fates = {name: self._fate(info, scope, name, units[name], jobs.get(units[name]),
+                                  incarnations.number_of(name, records)) for name in info.nodes}
         if batch is not None and batch.active and not batch.waiting:
             fates.update(self._removed(info, batch, fates, units))
         if scope.store is None or (batch is not None and batch.ended_by_slurm):
@@ -198,8 +199,10 @@ class SlurmBackend(Backend):
         return incarnations.recover(scope.store, INCARNATIONS, info.backend_ids["recovery"], units, fates, records,
                                     engine="Slurm", unit="Slurm job", start=self._starter(info))
 
-    def _fate(self, info: RunInfo, scope: Scope, name: str, job_id: str, job: Job | None) -> NodeFate:
-        """The node as its job shows it; in a recovering run, lost once the parent of its bootstrap said so."""
+    def _fate(self, info: RunInfo, scope: Scope, name: str, job_id: str, job: Job | None,
+              incarnation: int) -> NodeFate:
+        """The node as its job shows it; in a recovering run, lost once the parent of its bootstrap said so
+        (``incarnation``: the node's start that runs in ``job_id``)."""
         batch = job_id == scope.batch
         console = str(info.state_dir / "nodes" / f"slurm-{job_id}.node{info.nodes.index(name) if batch else 0}.out")
         run = scope.store
@@ -208,8 +211,10 @@ class SlurmBackend(Backend):
                             "no end", console)
         if job.active:
             status = run.get_record(status_key(name)) if run is not None and not job.waiting else {}
-            # lost in this job (not a predecessor's "lost", which a replacement keeps until it reports)
-            if status.get("state") == "lost" and float(status.get("ended_at") or 0) >= job.start_time > 0:
+            # lost in this job, not a predecessor's "lost", which a replacement keeps until it reports (the
+            # times cannot tell them apart: Slurm's start time has whole seconds, the loss and the start
+            # often fall within one)
+            if status.get("state") == "lost" and int(status.get("incarnation") or 0) == incarnation:
                 return NodeFate(False, status.get("exit_code"), status.get("reason"), console, status.get("ended_at"))
             return NodeFate(True, console_log=console)
         gave_up = self._gave_up(info, job_id) if batch else None

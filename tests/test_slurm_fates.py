@@ -1,0 +1,61 @@
+"""How the Slurm backend reads a recovering run's nodes from the controller's answer and the work dir, without a
+cluster: the controller's answer is given (engine.jobs), the work dir is a real local one."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from launcher.backends.slurm import INCARNATIONS, Scope, SlurmBackend, engine
+from launcher.backends.slurm.engine import Job
+from launcher.node.status import status_key
+from launcher.node.store import WorkDir
+from launcher.runs import incarnations
+from launcher.runs.incarnations import Incarnation
+from launcher.runs.state import RunInfo
+
+NODES = ["t-main", "t-worker-0", "t-worker-1"]
+RECOVERY = {"maxRestarts": 2, "minNodes": 2, "maxNodes": 3}
+
+
+@pytest.fixture
+def lost_and_started_again(tmp_path, monkeypatch):
+    """t-worker-1 was lost in the run's job 13 and started again as job 14, which Slurm started within the same
+    whole second as the loss was recorded (its start time has whole seconds); the replacement has not written
+    its status yet, so the status is still its predecessor's "lost"."""
+    run = WorkDir(str(tmp_path / "wd" / "r"))
+    now = time.time()
+    for name in NODES:
+        run.put(status_key(name), json.dumps({"node": name, "incarnation": 0, "state": "running", "round": 0}).encode())
+    lost_at = float(int(now)) + 0.6
+    run.put(status_key("t-worker-1"), json.dumps({"node": "t-worker-1", "incarnation": 0, "state": "lost", "round": 0,
+                                                  "ended_at": lost_at}).encode())
+    run.put(incarnations.key(INCARNATIONS, "t-worker-1", 1),
+            Incarnation("t-worker-1", 1, True, started="14", lost="13", at=lost_at).to_bytes())
+    answer = {"13": Job("13", "RUNNING", "None", "n[1-2]", None, None, start_time=now - 60),
+              "14": Job("14", "RUNNING", "None", "n3", None, None, start_time=float(int(now)))}
+    monkeypatch.setattr(engine, "jobs", lambda ids: {i: answer[i] for i in ids if i in answer})
+    monkeypatch.setattr(engine, "hostnames", lambda nodes: ["n1", "n2"] if nodes == "n[1-2]" else ["n3"])
+    # no restarts left: a node read as lost is recorded (its next incarnation claimed), not started again
+    info = RunInfo("r", "slurm", str(tmp_path / "wd"), NODES, "", "", now - 60,
+                   backend_ids={"job_id": "13", "recovery": None})
+    return info, Scope({name: "13" for name in NODES}, run, now - 60), run
+
+
+def test_a_replacement_is_running_while_its_status_is_still_its_predecessors_lost(lost_and_started_again):
+    info, scope, run = lost_and_started_again
+    fates = SlurmBackend().attempt_fates(info, scope)
+    assert fates["t-worker-1"].running, fates["t-worker-1"]
+    assert run.get(incarnations.key(INCARNATIONS, "t-worker-1", 2)) is None
+
+
+def test_a_replacement_lost_in_its_own_job_is_lost(lost_and_started_again):
+    info, scope, run = lost_and_started_again
+    status = run.get_record(status_key("t-worker-1"))
+    run.put(status_key("t-worker-1"), json.dumps({**status, "incarnation": 1, "reason": "node process killed by "
+                                                  "SIGKILL", "exit_code": 137}).encode())
+    fates = SlurmBackend().attempt_fates(info, scope)
+    assert not fates["t-worker-1"].running and "SIGKILL" in fates["t-worker-1"].reason
+    assert json.loads(run.get(incarnations.key(INCARNATIONS, "t-worker-1", 2)))["lost"] == "14"
