@@ -73,7 +73,13 @@ class LiveCli:
         return found
 
     def finish(self, timeout: float = 60) -> tuple[int, str]:
-        code = self.proc.wait(timeout)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            with self.cond:
+                tail = "\n".join(self.lines[-60:])
+            raise AssertionError(f"{self.proc.args[2:]} still running after {timeout} s; its last lines:\n{tail}")
         self._pumping.join(timeout)  # every line read: the pump ends with the pipe
         with self.cond:
             return code, "\n".join(self.lines)
