@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TORCHX_VENV = REPO / "benchmarks" / ".venv-torchx"
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A temporary directory removed when the benchmark exits (also after a failed measurement)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def torchx_bin() -> Path:

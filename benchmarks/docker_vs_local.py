@@ -14,10 +14,9 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from common import median, timed_run
+from common import median, scratch_dir, timed_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from dockerenv import Engine, ensure_base_image  # noqa: E402
@@ -38,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     engine = Engine()
     base = ensure_base_image()
-    root = Path(tempfile.mkdtemp())
+    root = scratch_dir("docker-vs-local-")
     project = root / "project"
     env = {**os.environ, "LAUNCHER_HOME": str(root / "home")}
     subprocess.run([LAUNCHER, "init", "--framework", "pytorch", "--dir", str(project)], check=True,

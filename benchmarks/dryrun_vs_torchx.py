@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from common import REPO, median, timed_process, torchx_bin
+from common import REPO, median, scratch_dir, timed_process, torchx_bin
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -24,7 +23,7 @@ def main() -> None:
     args = parser.parse_args()
     torchx = torchx_bin()
     launcher = Path(sys.executable).with_name("launcher")
-    workdir = Path(tempfile.mkdtemp())
+    workdir = scratch_dir("dryrun-vs-torchx-")
     (workdir / "train.py").write_text("print('hello')\n")
     commands = {
         "launcher": [str(launcher), "run", "-f", str(REPO / "tests/specs/seed004_train.yaml"), "--dry-run",

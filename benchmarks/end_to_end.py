@@ -21,11 +21,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import median, torchx_bin
+from common import median, scratch_dir, torchx_bin
 
 BIN = Path(sys.executable).parent
 
@@ -62,7 +61,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=4)
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="end-to-end-"))
+    root = scratch_dir("end-to-end-")
     project = root / "project"
     subprocess.run([str(BIN / "launcher"), "init", "--framework", "pytorch", "--dir", str(project)], check=True,
                    capture_output=True)

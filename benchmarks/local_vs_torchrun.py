@@ -16,11 +16,10 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import median
+from common import median, scratch_dir
 
 THROUGHPUT = re.compile(r"rank (\d+): epoch (\d+)/\d+ .* samples_per_s ([\d.]+)")
 
@@ -47,7 +46,7 @@ def plain_torchrun(project: Path, epochs: int, nodes: int) -> tuple[float, str]:
     started = time.perf_counter()
     procs = []
     for rank in range(nodes):
-        env = {**os.environ, "LAUNCHER_OUTPUTS_DIR": tempfile.mkdtemp(prefix=f"plain-rank{rank}-")}
+        env = {**os.environ, "LAUNCHER_OUTPUTS_DIR": str(scratch_dir(f"plain-rank{rank}-"))}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(rank),
              "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", port,
@@ -76,7 +75,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--nodes", type=int, default=2)
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp())
+    root = scratch_dir("local-vs-torchrun-")
     project = root / "project"
     subprocess.run([str(Path(sys.executable).with_name("launcher")), "init", "--framework", "pytorch", "--dir",
                     str(project)], check=True, capture_output=True)

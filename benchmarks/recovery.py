@@ -25,11 +25,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import REPO, median
+from common import REPO, median, scratch_dir
 
 sys.path.insert(0, str(REPO / "tests"))
 from clirun import run_id_from  # noqa: E402
@@ -85,7 +84,7 @@ class Setup:
 
 
 def one(victim: str, setup: Setup) -> tuple[float, float]:
-    directory = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    directory = scratch_dir("bench-recovery-")
     env = {**os.environ, "LAUNCHER_HOME": str(setup.home)}
     started = subprocess.run([*LAUNCHER, "run", "-f", str(setup.spec(directory)), "--detach"], cwd=directory, env=env,
                              capture_output=True, text=True, check=True)
@@ -106,7 +105,7 @@ def one(victim: str, setup: Setup) -> tuple[float, float]:
 
 
 def whole_restart(setup: Setup) -> float:
-    directory = Path(tempfile.mkdtemp(prefix="bench-restart-"))
+    directory = scratch_dir("bench-restart-")
     env = {**os.environ, "LAUNCHER_HOME": str(setup.home)}
     spec = setup.spec(directory)
     begun = time.time()
@@ -125,7 +124,7 @@ def main() -> None:
     parser.add_argument("--timeline", action="store_true", help="print each recovered run's timeline (stderr)")
     options = parser.parse_args()
     repeats = options.repeats
-    setup = Setup(options.backend, Path(tempfile.mkdtemp(prefix="bench-recovery-home-")), options.timeline)
+    setup = Setup(options.backend, scratch_dir("bench-recovery-home-"), options.timeline)
     results = {victim: [one(victim, setup) for _ in range(repeats)] for victim in ("t-worker-1", "t-main")}
     restarts = [whole_restart(setup) for _ in range(repeats)]
     print(f"{options.backend} backend, 3 nodes (elastic, min 2), {repeats} runs each, median seconds after SIGKILL:")

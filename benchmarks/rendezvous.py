@@ -13,10 +13,11 @@ import argparse
 import json
 import random
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
+
+from common import scratch_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -91,7 +92,7 @@ def main() -> None:
                 medians, worsts, requests = [], [], []
                 for t in range(args.trials):
                     if store == "local":
-                        url = f"{tempfile.mkdtemp()}/run"
+                        url = f"{scratch_dir('rendezvous-')}/run"
                     else:  # a fresh bucket: moto lists a prefix by scanning the whole bucket
                         moto.make_bucket(f"bench-{n}-{t}")
                         url = f"s3://bench-{n}-{t}/run"
