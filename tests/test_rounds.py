@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from launcher.node.rendezvous import PollPolicy, Registration
-from launcher.node.rounds import Rounds, Timing, grouped_history, latest_round
+from launcher.node.rounds import Rounds, Superseded, Timing, grouped_history, latest_round
 from launcher.node.store import WorkDir
 from launcher.runs.recovery import FAILURE, JOIN, KILLED, LOST, PEER, Policy, RoundEnd
 from launcher.runs.state import RunInfo
@@ -113,6 +113,38 @@ def test_a_node_that_missed_a_decision_ends_that_round_and_joins_the_next_withou
     thread.join(10)
     assert late["joined"].number == 1 and late["joined"] == joined["m"]
     assert list(joined["m"].decision.ranks) == NODES and joined["m"].restarts == 0  # a join uses no restart
+
+
+def test_a_replacement_started_while_its_node_still_runs_takes_its_place_and_the_older_start_ends(store):
+    """Two starts of one node at once (an engine's follower that misread a loss): the newer one trains, the older
+    one ends, and the run goes on; before, each one's join ended the round the other was a member of, for ever."""
+    policy = Policy(2, min_nodes=2)
+    join_all(store, policy, NODES, 0)  # w-1's first start is a member of round 0
+    fast = PollPolicy(initial=0.01, cap=0.02)
+    outcome: dict[str, object] = {}
+
+    def join(key: str, number: int, registration: Registration) -> None:
+        try:
+            outcome[key] = rounds_of(store, policy).join(number, registration, timeout=20, poll=fast)
+        except Superseded as exc:
+            outcome[key] = exc
+
+    newer = threading.Thread(target=join, args=("newer", 0, Registration("w-1", "127.0.0.1", 1012, incarnation=1)))
+    newer.start()
+    deadline = time.monotonic() + 10
+    while not store.list("rounds/00001/nodes") and time.monotonic() < deadline:
+        time.sleep(0.01)  # it ended round 0 by joining, and waits in round 1
+    assert [end.kind for end in rounds_of(store, policy).ends(0)] == [JOIN]
+    others = [threading.Thread(target=join, args=(name, 1, Registration(name, "127.0.0.1", 1000 + NODES.index(name))))
+              for name in NODES]  # round 0's members, the older w-1 among them, meet in round 1
+    for thread in others:
+        thread.start()
+    for thread in [*others, newer]:
+        thread.join(30)
+    assert isinstance(outcome["w-1"], Superseded) and "incarnation 1 of node w-1" in str(outcome["w-1"])
+    assert outcome["newer"] == outcome["m"] == outcome["w-0"] and outcome["m"].number == 1
+    assert list(outcome["m"].decision.ranks) == NODES and outcome["m"].restarts == 0
+    assert not rounds_of(store, policy).ended(1)  # nobody's join ends the round the newer start trains in
 
 
 def test_a_static_round_waits_for_the_replacement(store):

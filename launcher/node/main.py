@@ -135,7 +135,7 @@ class Node:
         devices = plural(len(gpus), "GPU") if gpus else "no GPU"
         self.say(f"registering in {settings.run_url} as {address}:{port} ({plural(self.processes, 'training process')}, "
                  f"{devices}); waiting for {plural(len(settings.nodes), 'node')}")
-        me = Registration(settings.node, address, port, self.processes)
+        me = Registration(settings.node, address, port, self.processes, incarnation=settings.incarnation)
         if settings.recovery:
             return RecoveryLoop(self).run(me)
         self.events.record(REGISTERED)

@@ -13,7 +13,7 @@ from launcher.node.events import REGISTERED
 from launcher.node.netutil import free_port
 from launcher.node.outcome import Outcome
 from launcher.node.rendezvous import Registration, RendezvousStopped
-from launcher.node.rounds import Round, Rounds, RunOver, Timing, describe_end
+from launcher.node.rounds import Round, Rounds, RunOver, Superseded, Timing, describe_end
 from launcher.node.store import StoreError
 from launcher.runs.recovery import JOIN, PEER, Policy, RoundEnd
 from launcher.wording import plural
@@ -40,13 +40,16 @@ class RecoveryLoop:
         number = self._first_round()
         while True:
             if number > 0:
-                me = Registration(me.name, me.address, settings.master_port or free_port(me.address), me.processes)
+                me = me.again(settings.master_port or free_port(me.address))
             node.status.update(state="waiting", round=number)
             node.events.record(REGISTERED, round=number)
             try:
                 current = rounds.join(number, me, timeout=settings.rendezvous_timeout, control=node.control)
             except RunOver as over:
                 return node.finish("succeeded", str(over), 0)
+            except Superseded as newer:  # the status record is the newer start's now: this one writes no end
+                node.say(str(newer))
+                return 0
             except RendezvousStopped as stop:
                 if stop.request.state != LEFT:
                     raise

@@ -58,6 +58,12 @@ class Registration:
     processes: int = 1  # training processes this node will start (decided on the node for "auto")
     nonce: str = field(default_factory=lambda: secrets.token_hex(8))
     pid: int = field(default_factory=os.getpid)
+    incarnation: int = 0  # which start of the node registers (in the body only): a newer one takes its place
+
+    def again(self, port: int | None = None) -> "Registration":
+        """The same node registering anew (a fresh nonce), on ``port`` when given."""
+        return Registration(self.name, self.address, self.port if port is None else port, self.processes,
+                            incarnation=self.incarnation)
 
     @property
     def key(self) -> str:
@@ -74,6 +80,11 @@ class Listed:
     address: str
     processes: int
     name: str
+
+    @property
+    def entry(self) -> str:
+        """Its name in a listing (``Registration.key`` without the prefix)."""
+        return f"{self.nonce}~{self.port}~{self.address}~{self.processes}~{self.name}.json"
 
 
 @dataclass(frozen=True)

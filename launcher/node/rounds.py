@@ -41,6 +41,11 @@ class RunOver(Exception):
     """Every member of the previous round succeeded while this node waited to join: nothing is left to do."""
 
 
+class Superseded(Exception):
+    """A newer start of this node (its replacement, started while this one still ran) is a member of the round:
+    this start steps aside, or the two would end each other's rounds by joining, without end."""
+
+
 def round_name(number: int) -> str:
     return f"{number:05d}"
 
@@ -149,7 +154,7 @@ class Rounds:
         poll = poll or PollPolicy.for_store(self.store)
         deadline = self.clock() + timeout
         while True:
-            me = Registration(me.name, me.address, me.port, me.processes)  # a fresh nonce per round
+            me = me.again()  # a fresh nonce per round
             registration = me.key.rsplit("/", 1)[1]
             self.store.create(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes/{registration}",
                               json.dumps(asdict(me)).encode())
@@ -161,6 +166,10 @@ class Rounds:
                 raise
             if decided.give_up or decided.decision.nonces.get(me.name) == me.nonce:
                 return decided
+            newer = self._newer_start(number, me, decided.decision.nonces.get(me.name))
+            if newer is not None:
+                raise Superseded(f"incarnation {newer} of node {me.name} is a member of round {number} in place of "
+                                 f"this one (incarnation {me.incarnation}): this one ends")
             # decided without this node: ask to join the next round, and end this one so its members come too
             self.end(number, RoundEnd(me.name, JOIN, f"node {me.name} joins", None, time.time()))
             number += 1
@@ -226,8 +235,31 @@ class Rounds:
             listed = parse_node_key(entry)
             if listed is None or not node_names.rank_order(self.order, self.grows, [listed.name]):
                 continue
-            registered[listed.name] = listed  # a name twice (a replacement of a node that had registered): one
+            held = registered.get(listed.name)
+            # a name twice (a node and its replacement): the newer start, whatever the listing's order
+            if held is None or self._incarnation(number, listed) >= self._incarnation(number, held):
+                registered[listed.name] = listed
         return registered
+
+    def _incarnation(self, number: int, listed: Listed) -> int:
+        """Which start of its node a registration of round ``number`` is (its body says; 0 where it does not)."""
+        try:
+            body = json.loads(self.store.get(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes/{listed.entry}") or b"{}")
+            return int(body.get("incarnation") or 0)
+        except (ValueError, TypeError, AttributeError):
+            return 0
+
+    def _newer_start(self, number: int, me: Registration, holder: str | None) -> int | None:
+        """The incarnation of the start of ``me``'s node that holds its place in round ``number`` (the decision's
+        ``holder`` nonce), where that is a newer one than ``me``."""
+        if holder is None:
+            return None
+        for entry in self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes"):
+            listed = parse_node_key(entry)
+            if listed is not None and listed.name == me.name and listed.nonce == holder:
+                incarnation = self._incarnation(number, listed)
+                return incarnation if incarnation > me.incarnation else None
+        return None
 
     def _publish(self, number: int, registered: dict[str, Listed], previous: Round | None) -> Round:
         restarts, history, give_up, cause = 0, (), None, None

@@ -149,7 +149,8 @@ def keep(name: str, env: os._Environ) -> int:
     try:
         run = EndRecorder(WorkDir(f"{env['LAUNCHER_WORK_DIR'].rstrip('/')}/{env['LAUNCHER_RUN_ID']}")).store_for(code)
         status = run.get_record(status_key(name))
-        if status.get("state") not in FINAL_STATES and code != EXIT_BAD_ENV:
+        newer = int(status.get("incarnation") or 0) > int(env.get("LAUNCHER_NODE_INCARNATION") or 0)
+        if status.get("state") not in FINAL_STATES and code != EXIT_BAD_ENV and not newer:  # newer: its replacement's
             exit_code, reason = describe(code)
             print(f"[launcher {name}] {reason}: recording its end", flush=True)
             save_leftovers(run, name, status)
