@@ -14,7 +14,11 @@ the time it was written):
 For comparison, "restart": a new run of the same spec, from `launcher run` to its first epoch line,
 what a retry of the whole run costs before it trains again (not counting the epochs it repeats).
 
-    .venv/bin/python benchmarks/recovery.py [--repeats 3] [--backend docker] [--timeline]
+The kill comes 2.4 s into round 0's training, before a node starts the next round's spare torchrun by
+default (once a round has trained 10 s): `--spare-after 0` measures a round killed with its spare ready,
+as in any round that has trained longer.
+
+    .venv/bin/python benchmarks/recovery.py [--repeats 3] [--backend docker] [--timeline] [--spare-after S]
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ def wait_for_line(run_dir: Path, text: str, timeout: float = 180) -> float:
 class Setup:
     """The backend's spec of the benchmark's run, and how it kills a node."""
 
-    def __init__(self, backend: str, home: Path, show_timeline: bool = False) -> None:
+    def __init__(self, backend: str, home: Path, show_timeline: bool = False, spare_after: float | None = None):
         self.backend, self.home, self.show_timeline = backend, home, show_timeline
+        self.options = [] if spare_after is None else ["--env", f"LAUNCHER_SPARE_AFTER={spare_after:g}"]
         self.image = None
         if backend == "docker":
             from dockerenv import ensure_base_image
@@ -86,8 +91,8 @@ class Setup:
 def one(victim: str, setup: Setup) -> tuple[float, float]:
     directory = scratch_dir("bench-recovery-")
     env = {**os.environ, "LAUNCHER_HOME": str(setup.home)}
-    started = subprocess.run([*LAUNCHER, "run", "-f", str(setup.spec(directory)), "--detach"], cwd=directory, env=env,
-                             capture_output=True, text=True, check=True)
+    started = subprocess.run([*LAUNCHER, "run", "-f", str(setup.spec(directory)), "--detach", *setup.options],
+                             cwd=directory, env=env, capture_output=True, text=True, check=True)
     run_id = run_id_from(started.stdout)
     run_dir = directory / "wd" / run_id
     wait_for_line(run_dir, "rank 0: epoch 8")
@@ -122,12 +127,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", choices=("local", "docker"), default="local")
     parser.add_argument("--timeline", action="store_true", help="print each recovered run's timeline (stderr)")
+    parser.add_argument("--spare-after", type=float, help="LAUNCHER_SPARE_AFTER of the nodes (default: theirs, 10 s)")
     options = parser.parse_args()
     repeats = options.repeats
-    setup = Setup(options.backend, scratch_dir("bench-recovery-home-"), options.timeline)
+    setup = Setup(options.backend, scratch_dir("bench-recovery-home-"), options.timeline, options.spare_after)
     results = {victim: [one(victim, setup) for _ in range(repeats)] for victim in ("t-worker-1", "t-main")}
     restarts = [whole_restart(setup) for _ in range(repeats)]
-    print(f"{options.backend} backend, 3 nodes (elastic, min 2), {repeats} runs each, median seconds after SIGKILL:")
+    spare = "default" if options.spare_after is None else f"{options.spare_after:g} s"
+    print(f"{options.backend} backend, 3 nodes (elastic, min 2), spare after: {spare}, {repeats} runs each, median "
+          "seconds after SIGKILL:")
     for victim, timings in results.items():
         print(f"  {victim:<11} training again on the survivors: {median([b for b, _ in timings]):5.2f} s "
               f"(runs: {', '.join(f'{b:.2f}' for b, _ in timings)}); replacement training: "

@@ -93,6 +93,10 @@ def test_an_elastic_run_goes_on_when_a_node_is_killed(tmp_path, launcher_home, v
     status = json.loads(run_cli("status", run_id, "--json").stdout)
     assert status["result"] == "succeeded" and status["rounds"]["restarts"] >= 1
     assert any(f"node {victim}: node process killed by SIGKILL" in line for line in status["rounds"]["history"])
+    events = json.loads(run_cli("timeline", run_id, "--json").stdout)["events"]
+    survivor = "t-worker-0"  # round 0 trained under 10 s (LAUNCHER_SPARE_AFTER): no spare was started for round 1
+    assert [e.get("detail") for e in events if e["phase"] == "torchrun" and e["node"] == survivor] == [
+        "a spare, its imports done", ""], events
 
 
 def test_an_elastic_run_goes_on_when_one_training_process_is_killed(tmp_path, launcher_home):
@@ -106,7 +110,9 @@ def test_an_elastic_run_goes_on_when_one_training_process_is_killed(tmp_path, la
 
 
 def test_a_static_run_with_restarts_resumes_from_its_checkpoint(tmp_path, launcher_home):
-    run_id, watcher = start(tmp_path, 2, {"recovery": {"maxRestarts": 2}})
+    # the next round's spare starts at once (by default once a round has trained 10 s, longer than this one)
+    run_id, watcher = start(tmp_path, 2, {"recovery": {"maxRestarts": 2}},
+                            env=[{"name": "LAUNCHER_SPARE_AFTER", "value": "0"}])
     watcher.wait_for(r"rank 0: epoch 6\b", timeout=180)
     os.kill(node_pid(launcher_home, run_id, "t-worker-0"), signal.SIGKILL)
     output = finish(watcher)

@@ -128,6 +128,20 @@ def test_reserved_environment_names_are_rejected(tmp_path):
     assert "spec.runtime.spec.env[0].name: is set by launcher on every node" in problem
 
 
+@pytest.mark.parametrize("value, problem", [
+    ("2.5", None), ("0", None), ("'later'", "env[0].value: LAUNCHER_SPARE_AFTER must be a number of seconds, 0 or more"),
+    ("-1", "env[0].value: LAUNCHER_SPARE_AFTER must be a number of seconds, 0 or more")])
+def test_the_two_launcher_names_a_spec_may_set_are_checked_where_they_have_a_form(tmp_path, value, problem):
+    text = VALID.replace("      entryPoint: train.py", "      entryPoint: train.py\n      env:\n        - name: "
+                         f"LAUNCHER_WARM_START\n          value: '0'\n        - name: LAUNCHER_SPARE_AFTER\n          value: {value}")
+    if problem is None:
+        assert [item.name for item in load_spec(write(tmp_path, text)).runtime.env] == [
+            "LAUNCHER_WARM_START", "LAUNCHER_SPARE_AFTER"]
+        return
+    [found] = problems_of(write(tmp_path, text))
+    assert problem.replace("[0]", "[1]") in found, found
+
+
 def test_elastic_bounds_must_contain_the_started_nodes(tmp_path):
     text = VALID.replace("      workDir: ./wd", "      workDir: ./wd\n      elastic:\n        minNodes: 4\n"
                          "        maxNodes: 6")
