@@ -14,9 +14,8 @@ the time it was written):
 For comparison, "restart": a new run of the same spec, from `launcher run` to its first epoch line,
 what a retry of the whole run costs before it trains again (not counting the epochs it repeats).
 
-The kill comes 2.4 s into round 0's training, before a node starts the next round's spare torchrun by
-default (once a round has trained 10 s): `--spare-after 0` measures a round killed with its spare ready,
-as in any round that has trained longer.
+The kill comes 2.4 s into round 0's training: `--spare-after 10` (LAUNCHER_SPARE_AFTER) measures a round
+killed before its node started the next round's spare torchrun, whose survivors start torchrun cold.
 
     .venv/bin/python benchmarks/recovery.py [--repeats 3] [--backend docker] [--timeline] [--spare-after S]
 """
@@ -127,7 +126,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backend", choices=("local", "docker"), default="local")
     parser.add_argument("--timeline", action="store_true", help="print each recovered run's timeline (stderr)")
-    parser.add_argument("--spare-after", type=float, help="LAUNCHER_SPARE_AFTER of the nodes (default: theirs, 10 s)")
+    parser.add_argument("--spare-after", type=float, help="LAUNCHER_SPARE_AFTER of the nodes (default: theirs, 0 s)")
     options = parser.parse_args()
     repeats = options.repeats
     setup = Setup(options.backend, scratch_dir("bench-recovery-home-"), options.timeline, options.spare_after)

@@ -81,7 +81,8 @@ def finish(watcher: Watcher) -> str:
 
 @pytest.mark.parametrize("victim", ["t-worker-1", "t-main"])
 def test_an_elastic_run_goes_on_when_a_node_is_killed(tmp_path, launcher_home, victim):
-    run_id, watcher = start(tmp_path, 3, ELASTIC)
+    # a round starts the next one's spare once it has trained LAUNCHER_SPARE_AFTER seconds: not this one
+    run_id, watcher = start(tmp_path, 3, ELASTIC, env=[{"name": "LAUNCHER_SPARE_AFTER", "value": "60"}])
     watcher.wait_for(r"rank 0: epoch 8\b", timeout=180)
     os.kill(node_pid(launcher_home, run_id, victim), signal.SIGKILL)
     output = finish(watcher)
@@ -94,7 +95,7 @@ def test_an_elastic_run_goes_on_when_a_node_is_killed(tmp_path, launcher_home, v
     assert status["result"] == "succeeded" and status["rounds"]["restarts"] >= 1
     assert any(f"node {victim}: node process killed by SIGKILL" in line for line in status["rounds"]["history"])
     events = json.loads(run_cli("timeline", run_id, "--json").stdout)["events"]
-    survivor = "t-worker-0"  # round 0 trained under 10 s (LAUNCHER_SPARE_AFTER): no spare was started for round 1
+    survivor = "t-worker-0"  # round 0 trained under 60 s: no spare was started for round 1
     assert [e.get("detail") for e in events if e["phase"] == "torchrun" and e["node"] == survivor] == [
         "a spare, its imports done", ""], events
 
@@ -110,9 +111,7 @@ def test_an_elastic_run_goes_on_when_one_training_process_is_killed(tmp_path, la
 
 
 def test_a_static_run_with_restarts_resumes_from_its_checkpoint(tmp_path, launcher_home):
-    # the next round's spare starts at once (by default once a round has trained 10 s, longer than this one)
-    run_id, watcher = start(tmp_path, 2, {"recovery": {"maxRestarts": 2}},
-                            env=[{"name": "LAUNCHER_SPARE_AFTER", "value": "0"}])
+    run_id, watcher = start(tmp_path, 2, {"recovery": {"maxRestarts": 2}})
     watcher.wait_for(r"rank 0: epoch 6\b", timeout=180)
     os.kill(node_pid(launcher_home, run_id, "t-worker-0"), signal.SIGKILL)
     output = finish(watcher)

@@ -300,11 +300,10 @@ class Node:
                         self.say(f"round {number} ends ({round_end_text(rounds, number)}): stopping training")
                         return Ended(self._terminate(), round_over=True)
                 if rounds is not None and rank_logs.last_line_at:
-                    # Another round may follow: its torchrun imports while this one trains, once the round has
-                    # trained spare_after seconds: not during its own start, which on a machine with few cores it
-                    # would slow, and not at all in a round that short (a torch import per training process and
-                    # over 200 MB each, for a round that likely ends the run). Started from this thread, which
-                    # lives as long as the node: a child dies with the thread that started it.
+                    # Another round may follow: its torchrun imports while this one trains (not before its first
+                    # line: on a machine with few cores it would slow the round's own start; LAUNCHER_SPARE_AFTER
+                    # waits longer, so that a round that ends sooner never pays for one). Started from this
+                    # thread, which lives as long as the node: a child dies with the thread that started it.
                     first_line = first_line or time.monotonic()
                     if time.monotonic() - first_line >= settings.spare_after:
                         self.spare.prepare(self.processes)

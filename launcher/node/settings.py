@@ -40,7 +40,7 @@ class NodeSettings:
     resume_from: str | None
     incarnation: int = 0  # 0: the node as first started; n: its n-th replacement (same name)
     # a recovering round trains this long before its node starts the next round's spare torchrun (launcher.node.spare)
-    spare_after: float = 10.0
+    spare_after: float = 0.0
     restore_from: tuple[str, ...] = ()  # a run retried whole: its earlier attempts (launcher.runs.attempts)
 
     @property
@@ -91,7 +91,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
             outputs_dir=outputs_dir,
             outputs_temporary=not configured,
             outputs_sync_interval=float(env.get("LAUNCHER_OUTPUTS_SYNC_INTERVAL", "30")),
-            spare_after=float(env.get("LAUNCHER_SPARE_AFTER", "10")),
+            spare_after=float(env.get("LAUNCHER_SPARE_AFTER", "0")),
             recovery=json.loads(env["LAUNCHER_RECOVERY"]) if env.get("LAUNCHER_RECOVERY") else None,
             incarnation=int(env.get("LAUNCHER_NODE_INCARNATION") or incarnation),
             resume_from=env.get("LAUNCHER_RESUME_FROM") or None,
