@@ -59,3 +59,23 @@ def test_a_replacement_lost_in_its_own_job_is_lost(lost_and_started_again):
     fates = SlurmBackend().attempt_fates(info, scope)
     assert not fates["t-worker-1"].running and "SIGKILL" in fates["t-worker-1"].reason
     assert json.loads(run.get(incarnations.key(INCARNATIONS, "t-worker-1", 2)))["lost"] == "14"
+
+
+def test_a_machine_slurm_took_out_of_the_running_job_is_named_with_a_reason_that_says_something(tmp_path, monkeypatch):
+    """With sbatch --no-kill, a machine marked down leaves the job, which goes on: its node is lost. Slurm's reason
+    is often "None", which says nothing."""
+    run = WorkDir(str(tmp_path / "wd" / "r"))
+    for name in NODES:
+        run.put(status_key(name), json.dumps({"node": name, "incarnation": 0, "state": "running", "round": 0}).encode())
+    state_dir = tmp_path / "home" / "runs" / "r"
+    state_dir.mkdir(parents=True)
+    (state_dir / "slurm-13.nodes.json").write_text(json.dumps({"nodes": "n[1-3]", "hosts": ["n1", "n2", "n3"]}))
+    now = time.time()
+    monkeypatch.setattr(engine, "jobs", lambda ids: {"13": Job("13", "RUNNING", "None", "n[1-2]", None, None,
+                                                               start_time=now - 60)})
+    monkeypatch.setattr(engine, "hostnames", lambda nodes: {"n[1-2]": ["n1", "n2"]}[nodes])
+    info = RunInfo("r", "slurm", str(tmp_path / "wd"), NODES, "", "", now - 60, path=str(state_dir / "info.yaml"),
+                   backend_ids={"job_id": "13", "recovery": None})
+    fates = SlurmBackend().attempt_fates(info, Scope({name: "13" for name in NODES}, run, now - 60))
+    assert [name for name, fate in fates.items() if not fate.running] == ["t-worker-1"], fates
+    assert fates["t-worker-1"].reason == "Slurm took n3 out of job 13 (down)"

@@ -75,9 +75,14 @@ class Job:
             return f"its time limit of {self.time_limit / 60:g} min ran out (TIMEOUT)"
         return self.describe()
 
+    @property
+    def stated_reason(self) -> str:
+        """The controller's reason, empty where it has none (it says "None")."""
+        return "" if self.reason in (None, "None") else self.reason
+
     def describe(self) -> str:
         """One line: ``PENDING (Resources)``, ``RUNNING on n[1-3]``, ``TIMEOUT on n[1-3]``."""
-        reason = f" ({self.reason})" if self.reason and self.reason != "None" else ""
+        reason = f" ({self.stated_reason})" if self.stated_reason else ""
         where = f" on {self.nodes}" if self.nodes and not self.waiting else ""
         return f"{self.state}{where}{reason}"
 
