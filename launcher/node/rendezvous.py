@@ -50,6 +50,12 @@ class RendezvousStopped(RendezvousError):
         super().__init__(f"{request.reason} (while waiting for nodes)")
 
 
+def node_entry(nonce: str, port: int, address: str, processes: int, name: str) -> str:
+    """A registration's name in a listing (parse_node_key reads it back). "~" appears in no node name (schema),
+    address or number, so it splits unambiguously."""
+    return f"{nonce}~{port}~{address}~{processes}~{name}.json"
+
+
 @dataclass(frozen=True)
 class Registration:
     name: str
@@ -66,9 +72,12 @@ class Registration:
                             incarnation=self.incarnation)
 
     @property
+    def entry(self) -> str:
+        return node_entry(self.nonce, self.port, self.address, self.processes, self.name)
+
+    @property
     def key(self) -> str:
-        # "~" appears in no node name (schema), address or number, so the key splits unambiguously.
-        return f"{NODES_PREFIX}/{self.nonce}~{self.port}~{self.address}~{self.processes}~{self.name}.json"
+        return f"{NODES_PREFIX}/{self.entry}"
 
 
 @dataclass(frozen=True)
@@ -83,8 +92,7 @@ class Listed:
 
     @property
     def entry(self) -> str:
-        """Its name in a listing (``Registration.key`` without the prefix)."""
-        return f"{self.nonce}~{self.port}~{self.address}~{self.processes}~{self.name}.json"
+        return node_entry(self.nonce, self.port, self.address, self.processes, self.name)
 
 
 @dataclass(frozen=True)

@@ -155,8 +155,7 @@ class Rounds:
         deadline = self.clock() + timeout
         while True:
             me = me.again()  # a fresh nonce per round
-            registration = me.key.rsplit("/", 1)[1]
-            self.store.create(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes/{registration}",
+            self.store.create(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes/{me.entry}",
                               json.dumps(asdict(me)).encode())
             try:
                 decided = self._await(number, me, deadline, control, poll)

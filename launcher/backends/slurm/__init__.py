@@ -245,7 +245,8 @@ class SlurmBackend(Backend):
             return {}
         added = info.backend_ids.get("added") or {}
         own = [name for name in info.nodes if name not in added]  # the job's tasks, in SLURM_NODEID order
-        return {name: NodeFate(False, None, f"Slurm took {host} out of job {job.job_id} ({job.stated_reason or 'down'})",
+        return {name: NodeFate(False, None,
+                               f"Slurm took {host} out of job {job.job_id} ({job.stated_reason or 'down'})",
                                fates[name].console_log)
                 for name, host in zip(own, first["hosts"])
                 if host not in now and units[name] == job.job_id and fates[name].running}
