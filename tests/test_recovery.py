@@ -45,6 +45,7 @@ for epoch in range(state["epoch"] + 1, {EPOCHS} + 1):
         os.replace(os.path.join(checkpoints, ".state.tmp"), path)
         torch.save(w, os.path.join(os.environ["LAUNCHER_OUTPUTS_DIR"], "model.pt"))
     print(f"rank {{rank}}: epoch {{epoch}}", flush=True)
+dist.destroy_process_group()
 """
 EXPECTED = 1 - 0.9 ** EPOCHS  # every weight, after EPOCHS steps from 0 towards 1 with rate 0.1
 ELASTIC = {"elastic": {"minNodes": 2, "maxNodes": 3, "maxRestarts": 3}}

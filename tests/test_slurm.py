@@ -221,6 +221,7 @@ for step in range(steps):
     dist.all_reduce(t)
     time.sleep(0.2)
 print(f"rank {rank} of {world} done", flush=True)
+dist.destroy_process_group()
 """
 
 
@@ -311,6 +312,7 @@ while True:  # every rank stops at the same step: the one where any of them saw 
         break
     time.sleep(0.1)
 print(f"rank {rank} of {world} done", flush=True)
+dist.destroy_process_group()  # a group left to exit's destructors can abort the process (seen once in CI)
 """
 
 
@@ -384,6 +386,7 @@ for step in range(start, start + 10 if retried else 10**6):  # the first attempt
         print(f"saved step {step}", flush=True)
     time.sleep(0.2)
 print(f"rank {dist.get_rank()} done", flush=True)
+dist.destroy_process_group()
 """
 
 

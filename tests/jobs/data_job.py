@@ -132,3 +132,4 @@ for epoch in sampler.epochs(end=EPOCHS):
         print(f"rank 0: frozen at the end of epoch {epoch} in round {round_number}, trained {trained()}", flush=True)
         hold(freeze=True)
 dist.barrier()
+dist.destroy_process_group()
