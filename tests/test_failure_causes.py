@@ -23,7 +23,7 @@ import yaml
 from clirun import run_failing, run_id_from
 from cluster import write_spec
 from conftest import run_cli
-from launcher.node.cause import diagnose, from_stderr, library_file
+from launcher.node.cause import describe, diagnose, from_stderr, library_file
 from launcher.node.stacks import Frame, RankStack
 
 RAISES_IN_A_FUNCTION = """
@@ -356,6 +356,15 @@ def test_a_syntax_error_and_a_missing_module():
                                                          '/code/train.py:4: print("unclosed"')
     assert from_stderr(["/usr/bin/python3: No module named trainer"]) == ("No module named trainer", None)
     assert from_stderr(["some output", ""]) == (None, None)
+
+
+def test_an_abort_at_exit_with_threads_running_points_at_the_open_process_group():
+    """Seen in CI: every rank printed "done", then rank 0 aborted as it exited with gloo's threads alive."""
+    aborted = {"rank": 0, "signal": "SIGABRT", "exit_code": 134,
+               "stderr_tail": ["rank 0 of 2 done", "terminate called without an active exception"]}
+    assert describe(aborted) == ("rank 0 killed by SIGABRT as it exited, with threads still running (often a process "
+                                 "group left open: call dist.destroy_process_group() before the program ends)")
+    assert describe({**aborted, "stderr_tail": ["assertion failed"]}) == "rank 0 killed by SIGABRT"
 
 
 def test_torchrun_failing_itself_is_named_with_its_message(tmp_path, launcher_home):

@@ -43,6 +43,9 @@ LIBRARY_PATHS = ("site-packages", "dist-packages", "/lib/python", "<frozen")
 # image's copy): launcher itself (launcher.data runs inside the training processes) and torch.
 LIBRARY_PACKAGES = ("launcher", "torch")
 STDERR_TAIL_LINES = 10  # kept in the cause, for the status record and failure marker
+# What libstdc++ prints when a process ends with a thread still running: at exit, most often a process group
+# that was never destroyed (gloo's threads outlive Python's interpreter), after training itself went well.
+_ABORTED_AT_EXIT = "terminate called without an active exception"
 
 
 @dataclass
@@ -225,6 +228,9 @@ def describe(cause: dict) -> str:
         text = f"{who} killed by {cause['signal']}"
         if cause["signal"] == "SIGKILL":
             text += " (often the out-of-memory killer)"
+        elif cause["signal"] == "SIGABRT" and any(_ABORTED_AT_EXIT in line for line in cause.get("stderr_tail", ())):
+            text += (" as it exited, with threads still running (often a process group left open: "
+                     "call dist.destroy_process_group() before the program ends)")
     elif cause.get("exit_code") is not None:
         text = f"{who} exited with status {cause['exit_code']}"
     else:
