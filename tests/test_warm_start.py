@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from cluster import write_spec
 from clirun import run_id_from
 from conftest import run_cli
+from launcher.node.spare import Spare
 from launcher.node.warmstart import WarmInterpreter, entry_of, warm_starts_on
 
 # Written before `import torch`: whether torch was there already says whether this process started warm.
@@ -206,6 +208,22 @@ def test_without_warm_starts_every_training_process_starts_afresh(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     facts = facts_of(work)
     assert sorted(facts) == [0, 1, 2, 3] and not any(said["warm"] for said in facts.values())
+
+
+@pytest.mark.parametrize("imports_done", [False, True])
+def test_a_taken_spare_says_whether_its_imports_were_done(monkeypatch, imports_done):
+    """The timeline's "a spare, its imports done" is the spare's own word: taken at once, it has imported nothing."""
+    monkeypatch.delenv("LAUNCHER_WARM_START", raising=False)
+    spare = Spare()
+    spare.prepare(1)
+    if imports_done:
+        assert select.select([spare.ready], [], [], 120)[0], "the spare never said its imports were done"
+    proc, imported = spare.take([sys.executable, "-m", "launcher.node.torchrun_shim", "--", "--help"],
+                                dict(os.environ))
+    output = proc.stdout.read().decode()  # its stdin is closed: the command went through it
+    assert proc.wait(timeout=120) == 0 and "usage: torchrun" in output, output
+    proc.stdout.close()
+    assert imported is imports_done
 
 
 def test_only_the_round_names_of_an_environment_may_differ_from_a_warm_interpreters():

@@ -206,10 +206,11 @@ class Node:
                              wait_seconds=settings.rendezvous_timeout)
         self.say(f"starting: {shlex.join(argv)}")
         env = training_env(os.environ, decision, settings, self.processes, self.stacks_dir, number)
-        spare = self.spare.take(argv, env)
+        spare, imported = self.spare.take(argv, env)
         self.proc = spare or subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                               start_new_session=True, preexec_fn=die_with_parent())
-        self.events.record(TORCHRUN, round=number, spare=bool(spare) or None)
+        self.events.record(TORCHRUN, round=number, spare=bool(spare) or None,
+                           spare_imported=imported if spare else None)
         rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, self.events.first_line(number),
                              self.events.rank_exited(number)).start()
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)

@@ -7,22 +7,29 @@ The spare is ``python -m launcher.node.torchrun_shim --spare PROCESSES``, starte
 starts one warm interpreter per training process (:mod:`launcher.node.warmstart`), imports torch and waits for
 one JSON line on stdin, the command line and environment of the round. Taking it sends them; a node that ends
 without taking it closes its stdin and the spare ends quietly. ``LAUNCHER_WARM_START=0`` keeps no spare.
+
+Once its imports are done the spare writes one byte to a pipe of its own (the fd :data:`READY_FD_VAR` names), so
+a round that takes it can say whether it saved the whole import or only part of it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 
 from launcher.node.childproc import die_with_parent
 from launcher.node.warmstart import warm_starts_on
 
+READY_FD_VAR = "LAUNCHER_SPARE_READY_FD"
+
 
 class Spare:
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
+        self.ready: int | None = None  # the read end of the spare's pipe: a byte there once its imports are done
 
     def prepare(self, processes: int) -> None:
         """Start a spare for ``processes`` training processes unless one is ready (or warm starts are off)."""
@@ -30,16 +37,27 @@ class Spare:
 
         if self.proc is not None or not warm_starts_on(os.environ):
             return
-        self.proc = subprocess.Popen([sys.executable, "-m", "launcher.node.torchrun_shim", "--spare", str(processes)],
-                                     env=standing_env(os.environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent())
+        self.ready, ready_write = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "launcher.node.torchrun_shim", "--spare", str(processes)],
+                env={**standing_env(os.environ), READY_FD_VAR: str(ready_write)}, pass_fds=(ready_write,),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent())
+        except OSError:
+            self._close_ready()
+            raise
+        finally:
+            os.close(ready_write)
 
-    def take(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen | None:
-        """The spare, now running ``argv`` (the shim's command line) with ``env``; None when there is none, or
-        it ended meanwhile (the caller starts torchrun afresh)."""
+    def take(self, argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen | None, bool]:
+        """The spare, now running ``argv`` (the shim's command line) with ``env``, and whether its imports were
+        done when taken; None when there is none, or it ended meanwhile (the caller starts torchrun afresh)."""
         proc, self.proc = self.proc, None
         if proc is None:
-            return None
+            return None, False
+        imported = bool(select.select([self.ready], [], [], 0)[0])
+        self._close_ready()
         try:
             if proc.poll() is not None:
                 raise BrokenPipeError
@@ -48,14 +66,20 @@ class Spare:
             proc.stdin.close()
         except (BrokenPipeError, OSError):
             _discard(proc)
-            return None
-        return proc
+            return None, False
+        return proc, imported
 
     def discard(self) -> None:
         """The node ends: a spare nobody took ends too."""
         proc, self.proc = self.proc, None
+        self._close_ready()
         if proc is not None:
             _discard(proc)
+
+    def _close_ready(self) -> None:
+        if self.ready is not None:
+            os.close(self.ready)
+            self.ready = None
 
 
 def _discard(proc: subprocess.Popen) -> None:

@@ -72,8 +72,18 @@ def _await_command() -> dict | None:
     import importlib
     import json
 
+    from launcher.node.spare import READY_FD_VAR
+
     for module in ("torch.distributed.run", "launcher.node.rankpipes"):
         importlib.import_module(module)  # now, while the node waits for its round
+    ready = os.environ.pop(READY_FD_VAR, None)
+    if ready is not None:
+        try:
+            os.write(int(ready), b"1")
+        except BrokenPipeError:
+            pass  # the node took this spare before its imports were done, and stopped listening
+        finally:
+            os.close(int(ready))
     line = sys.stdin.readline()
     return json.loads(line) if line.strip() else None
 

@@ -170,7 +170,8 @@ def _node_detail(event: dict[str, Any]) -> str:
     if phase == node_events.STARTED and event.get("pid"):
         return f"pid {event['pid']}"
     if phase == node_events.TORCHRUN and event.get("spare"):
-        return "a spare, its imports done"
+        # events written before the spare said when its imports were done carry no spare_imported
+        return "a spare, still importing" if event.get("spare_imported") is False else "a spare, its imports done"
     return ""
 
 
