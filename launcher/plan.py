@@ -100,7 +100,8 @@ def node_env(spec: Spec, *, run_id: str, work_dir: str, node: str, group: NodeGr
         env["LAUNCHER_RECOVERY"] = json.dumps({
             "minNodes": cluster.elastic.min_nodes if cluster.elastic else node_count,
             **({"maxNodes": cluster.elastic.max_nodes} if cluster.elastic else {}),  # only elastic runs change size
-            "maxRestarts": cluster.recovery.max_restarts, "retryOn": list(cluster.recovery.retry_on)})
+            "maxRestarts": cluster.recovery.max_restarts, "retryOn": list(cluster.recovery.retry_on),
+            "replacementWait": cluster.recovery.replacement_wait})
     if cluster.max_runtime:
         env["LAUNCHER_MAX_RUNTIME"] = str(cluster.max_runtime)
     if cluster.hang_timeout:

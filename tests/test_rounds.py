@@ -8,8 +8,13 @@ import random
 import threading
 import time
 
+import json
+
 import pytest
 from hypothesis import given, settings, strategies as st
+
+from cluster import write_spec
+from conftest import run_cli
 
 from launcher.node.rendezvous import PollPolicy, Registration
 from launcher.node.rounds import Rounds, Superseded, Timing, grouped_history, latest_round
@@ -79,16 +84,57 @@ def test_a_node_whose_training_process_was_killed_is_expected_in_the_next_round(
     assert joined["m"].history == ("round 0: node w-1: rank 2's training process was killed (SIGKILL)",)
 
 
-def test_a_lost_member_being_replaced_is_waited_for_up_to_the_settle_time(store):
-    policy = Policy(2, min_nodes=2)
+def test_a_lost_member_being_replaced_is_waited_for_up_to_the_replacement_wait(store):
+    policy = Policy(2, min_nodes=2, replacement_wait=2.0)
     join_all(store, policy, NODES, 0)
     rounds_of(store, policy).end(0, RoundEnd("w-1", LOST, "killed", 137, time.time(), replaced=True))
-    joined = join_all(store, policy, NODES, 1, delays={"w-1": FAST.settle / 2})  # its replacement, a moment later
+    # its replacement registers well after the settle time (a Slurm job the scheduler starts seconds later)
+    joined = join_all(store, policy, NODES, 1, delays={"w-1": 3 * FAST.settle})
     assert list(joined["m"].decision.ranks) == NODES, "one round with the replacement, not one its join ends"
     assert joined["m"].restarts == 1
     rounds_of(store, policy).end(1, RoundEnd("w-1", LOST, "killed", 137, time.time(), replaced=True))
-    joined = join_all(store, policy, ["m", "w-0"], 2)  # a replacement that never comes: the round settles
+    started = time.monotonic()
+    joined = join_all(store, policy, ["m", "w-0"], 2)  # a replacement that never comes: the round goes on
     assert list(joined["m"].decision.ranks) == ["m", "w-0"] and joined["m"].restarts == 2
+    assert policy.replacement_wait <= time.monotonic() - started < policy.replacement_wait + 5
+
+
+def test_a_lost_record_written_after_the_survivors_began_waiting_is_still_read(store):
+    policy = Policy(2, min_nodes=2, replacement_wait=10.0)
+    join_all(store, policy, NODES, 0)
+    rounds_of(store, policy).end(0, RoundEnd("w-0", PEER, "lost a peer", 1, time.time()))  # a survivor, first
+    recorded = threading.Timer(FAST.settle / 2, rounds_of(store, policy).end,
+                               (0, RoundEnd("w-1", LOST, "killed", 137, time.time(), replaced=True)))
+    recorded.start()
+    joined = join_all(store, policy, NODES, 1, delays={"w-1": 4 * FAST.settle})
+    recorded.join()
+    assert list(joined["m"].decision.ranks) == NODES
+
+
+def test_the_replacement_wait_goes_from_the_spec_to_every_nodes_policy(tmp_path):
+    spec = write_spec(tmp_path, "print('x')\n", nodes=3, extra_cluster={"elastic": {"minNodes": 2, "maxNodes": 3}})
+
+    def waits(*overrides: str) -> list[float]:
+        done = run_cli("run", "-f", str(spec), "--dry-run", "--output", "json", *overrides)
+        assert done.returncode == 0, done.stderr
+        return [Policy.from_settings(json.loads(node["env"]["LAUNCHER_RECOVERY"])).replacement_wait
+                for node in json.loads(done.stdout)["nodes"]]
+
+    assert waits() == [30.0] * 3
+    assert waits("--set", "spec.cluster.spec.recovery.replacementWait=5") == [5.0] * 3
+    bad = run_cli("run", "-f", str(spec), "--dry-run", "--set", "spec.cluster.spec.recovery.replacementWait=-1")
+    assert bad.returncode == 2 and "spec.cluster.spec.recovery.replacementWait: must be an integer from 0 to 86400" \
+        in bad.stderr, bad.stderr
+
+
+def test_a_lost_member_that_is_not_replaced_is_not_waited_for(store):
+    policy = Policy(2, min_nodes=2, replacement_wait=10.0)
+    join_all(store, policy, NODES, 0)
+    rounds_of(store, policy).end(0, RoundEnd("w-1", LOST, "killed", 137, time.time()))
+    rounds_of(store, policy).end(0, RoundEnd("w-0", PEER, "lost a peer", 1, time.time()))
+    started = time.monotonic()
+    joined = join_all(store, policy, ["m", "w-0"], 1)
+    assert list(joined["m"].decision.ranks) == ["m", "w-0"] and time.monotonic() - started < 5
 
 
 def test_the_main_can_be_lost_too(store):

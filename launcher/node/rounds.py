@@ -13,7 +13,8 @@ registrations, so every node reads the same members: a node never trains in a ro
 member of, and a registration that missed the decision joins the next round (and ends this one).
 A decision is made when the registered nodes include every member of the previous round that
 was not lost and at least ``minNodes``, or, with at least ``minNodes``, once no new node has
-registered for the settle time. A node that leaves on request ends the round it is in (or waits in)
+registered for the settle time (and no lost member's replacement is still coming, for at most
+``recovery.replacementWait``). A node that leaves on request ends the round it is in (or waits in)
 with a leave: it is neither waited for nor taken in, and a leave by a node that is no member of the
 round changes nothing. See docs/protocol.md ("Recovery: membership rounds", "Scaling").
 """
@@ -179,7 +180,7 @@ class Rounds:
         expected = self._expected(number, previous)
         settle = self.timing.first_settle if number == 0 else self.timing.settle
         seen: frozenset[str] = frozenset()
-        changed = self.clock()
+        changed = began = self.clock()
         for delay in poll.delays():
             data = self.store.get(decision_key(number))
             if data is not None:
@@ -192,10 +193,10 @@ class Rounds:
                 raise RunOver(f"round {previous.number} finished training before this node could join")
             if frozenset(registered) != seen:
                 seen, changed = frozenset(registered), now
-            if self._ready(registered, expected, now - changed >= settle):
+            if self._ready(number, registered, expected, now - changed >= settle, now - began):
                 for name in self._leaving(number):  # asked once it is ready: the end records take a LIST
                     registered.pop(name, None)
-                if self._ready(registered, expected, now - changed >= settle):
+                if self._ready(number, registered, expected, now - changed >= settle, now - began):
                     return self._publish(number, registered, previous)
             if now >= deadline:
                 missing = [name for name in node_names.rank_order(self.order, self.grows, expected)
@@ -204,8 +205,19 @@ class Rounds:
                                         deadline - changed)
             time.sleep(delay)
 
-    def _ready(self, registered: dict[str, Listed], expected: set[str], settled: bool) -> bool:
-        return len(registered) >= self.policy.min_nodes and (expected <= set(registered) or settled)
+    def _ready(self, number: int, registered: dict[str, Listed], expected: set[str], settled: bool,
+               waited: float) -> bool:
+        if len(registered) < self.policy.min_nodes:
+            return False
+        return expected <= set(registered) or (settled and not self._awaits_replacement(number, registered, waited))
+
+    def _awaits_replacement(self, number: int, registered: dict[str, Listed], waited: float) -> bool:
+        """A member of the previous round was lost and its replacement is starting but not registered yet, and the
+        round has waited less than ``recovery.replacementWait``: a round decided without it would end at its join,
+        one more torchrun start for everyone. Read anew each time: the lost record may come after the survivors."""
+        if number == 0 or waited >= self.policy.replacement_wait:
+            return False
+        return any(end.kind == LOST and end.replaced and end.node not in registered for end in self.ends(number - 1))
 
     def _leaving(self, number: int) -> set[str]:
         """Nodes that left on request while waiting in round ``number``: none of them is taken in."""
@@ -219,9 +231,8 @@ class Rounds:
         return "succeeded" in states and all(state in ("succeeded", LEFT) for state in states)
 
     def _expected(self, number: int, previous: Round | None) -> set[str]:
-        """Who round ``number`` waits for without settling: everyone at first, then the previous members
-        that neither left nor were lost, or were lost and are being replaced (one round with the replacement
-        costs less than a round without it that its join ends at once)."""
+        """Who round ``number`` is decided with as soon as they are all there: everyone at first, then the previous
+        members that neither left nor were lost, or were lost and are being replaced (see _awaits_replacement)."""
         if previous is None:
             return set(self.order)
         gone = {end.node for end in self.ends(number - 1)

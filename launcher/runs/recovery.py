@@ -38,11 +38,12 @@ class Policy:
     max_restarts: int
     retry_on: tuple[str | int, ...] = (LOST,)
     min_nodes: int = 1
+    replacement_wait: float = 30.0  # seconds a round waits for a lost member's replacement before going on
 
     @classmethod
     def from_settings(cls, recovery: Mapping[str, Any]) -> "Policy":
         return cls(int(recovery.get("maxRestarts", 0)), tuple(recovery.get("retryOn") or (LOST,)),
-                   int(recovery.get("minNodes", 1)))
+                   int(recovery.get("minNodes", 1)), float(recovery.get("replacementWait", 30)))
 
     def retried(self, end: RoundEnd) -> bool:
         if end.kind in (JOIN, LEAVE, PEER):

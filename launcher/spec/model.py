@@ -49,6 +49,7 @@ class Elastic:
 class Recovery:
     max_restarts: int
     retry_on: tuple[str | int, ...]  # "lost", "failure", or exit codes
+    replacement_wait: int = 30  # seconds a round waits for a lost node's replacement (launcher.node.rounds)
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,7 @@ def _recovery(data: dict | None, elastic: Elastic | None) -> Recovery | None:
         return None
     data = data or {}
     restarts = data.get("maxRestarts", elastic.max_restarts if elastic else 0)
-    return Recovery(restarts, tuple(data.get("retryOn") or ("lost",)))
+    return Recovery(restarts, tuple(data.get("retryOn") or ("lost",)), data.get("replacementWait", 30))
 
 
 def build(data: dict, source: Path | None = None) -> Spec:
