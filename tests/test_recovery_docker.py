@@ -117,6 +117,8 @@ def test_a_replacement_the_engine_refuses_leaves_the_run_to_the_survivors(tmp_pa
     log = (launcher_home / "runs" / run_id / "supervisor.log").read_text()
     assert "could not replace node t-worker-1: the Docker engine refused its new container" in log
     assert "Conflict" in log or "already in use" in log, log
+    lost = json.loads((tmp_path / "wd" / run_id / "rounds" / "00000" / "end" / "t-worker-1.lost.json").read_text())
+    assert lost["replaced"] is False  # the survivors' round stopped waiting for a replacement that never came
     exit_record = json.loads((launcher_home / "runs" / run_id / "nodes" / "t-worker-1.exit.json").read_text())
     assert exit_record["exit_code"] == 137
     assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)

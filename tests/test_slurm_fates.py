@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from launcher.backends.base import NodeFate
 from launcher.backends.slurm import INCARNATIONS, Scope, SlurmBackend, engine
 from launcher.backends.slurm.engine import Job
 from launcher.node.status import status_key
@@ -79,3 +80,24 @@ def test_a_machine_slurm_took_out_of_the_running_job_is_named_with_a_reason_that
     fates = SlurmBackend().attempt_fates(info, Scope({name: "13" for name in NODES}, run, now - 60))
     assert [name for name, fate in fates.items() if not fate.running] == ["t-worker-1"], fates
     assert fates["t-worker-1"].reason == "Slurm took n3 out of job 13 (down)"
+
+
+def test_a_replacement_the_engine_refuses_is_no_longer_waited_for(tmp_path):
+    """The lost record first says a replacement is coming (the next round waits for it); once sbatch refuses it,
+    the record says none is, and the survivors' round goes on without waiting out recovery.replacementWait."""
+    run = WorkDir(str(tmp_path / "wd" / "r"))
+    for name in NODES:
+        run.put(status_key(name), json.dumps({"node": name, "incarnation": 0, "state": "running", "round": 0}).encode())
+    fates = {name: NodeFate(True) for name in NODES}
+    fates["t-worker-1"] = NodeFate(False, 137, "Slurm took n3 out of job 13", ended_at=time.time())
+    said = []
+
+    def refuse(claim: Incarnation) -> tuple[str | None, str | None]:
+        said.append(run.get_record("rounds/00000/end/t-worker-1.lost.json")["replaced"])  # as the survivors see it
+        return None, "sbatch: error: QOSMaxSubmitJobPerUserLimit"
+
+    result = incarnations.recover(run, INCARNATIONS, RECOVERY, {name: "13" for name in NODES}, fates, {},
+                                  engine="Slurm", unit="Slurm job", start=refuse)
+    assert said == [True]
+    assert run.get_record("rounds/00000/end/t-worker-1.lost.json")["replaced"] is False
+    assert "its replacement was refused: sbatch: error: QOSMaxSubmitJobPerUserLimit" in result["t-worker-1"].reason

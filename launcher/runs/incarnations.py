@@ -104,7 +104,7 @@ def recover(run: WorkDir, prefix: str, recovery: dict[str, Any], units: Mapping[
     """The fates, with every lost member handled: its round ended and, where wanted (and ``start``: the engine
     can start one node alone), its replacement started. ``units``: node -> its current unit (``unit`` names its
     kind: job run, Slurm job). A node being replaced (by this command or another) reads as running: it is not lost to the run."""
-    from launcher.runs.supervision import end_round_for_lost_node, replacement_wanted
+    from launcher.runs.supervision import end_round_for_lost_node, replacement_refused, replacement_wanted
 
     result = dict(fates)
     for node, fate in fates.items():
@@ -132,6 +132,7 @@ def recover(run: WorkDir, prefix: str, recovery: dict[str, Any], units: Mapping[
         claim = replace(claim, started=started, error=error)
         run.put(key(prefix, node, number), claim.to_bytes())
         if claim.error:
+            replacement_refused(run, node, status)
             print(f"note: node {node} was lost and {engine} refused its replacement: {claim.error}", file=sys.stderr)
             result[node] = replace(fate, reason=f"{fate.reason}; its replacement was refused: {claim.error}")
         else:

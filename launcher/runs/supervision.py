@@ -155,6 +155,20 @@ def end_round_for_lost_node(run: WorkDir, name: str, status: dict[str, Any], exi
     run.put(status_key(name), json.dumps(status).encode())
 
 
+def replacement_refused(run: WorkDir, name: str, status: dict[str, Any]) -> None:
+    """The replacement of lost node ``name`` could not be started: its end record stops saying one is coming, so
+    the next round no longer waits for it (recovery.replacementWait)."""
+    from launcher.node.rounds import end_key
+    from launcher.runs.recovery import LOST, RoundEnd
+
+    if status.get("round") is None:
+        return
+    key = end_key(int(status["round"]), RoundEnd(name, LOST, ""))
+    record = run.get_record(key)
+    if record.get("replaced"):
+        run.put(key, json.dumps({**record, "replaced": False}).encode())
+
+
 def replacement_wanted(run: WorkDir, recovery: dict[str, Any] | None, replaced: int) -> bool:
     """Whether a backend should start a lost node again: the run recovers, has restarts left, goes on."""
     from launcher.node.rounds import latest_round

@@ -39,7 +39,7 @@ from launcher.node.status import status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_gpus, read_added, write_added_record
 from launcher.runs.supervision import (EndRecorder, ProcessRef, console_log_path, record_on_behalf,
-                                       replacement_wanted, write_exit_record)
+                                       replacement_refused, replacement_wanted, write_exit_record)
 
 STREAM_ENDED = "the engine's event stream ended"  # queued by the events thread when the stream ends under it
 
@@ -70,6 +70,8 @@ def node_ended(client, ends: EndRecorder, state_dir: str, name: str, container_i
         wanted = record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at,
                                   wants_replacement=wants_replacement)
         replaced = wanted and replace is not None and replace()
+        if wanted and not replaced:
+            replacement_refused(run, name, status)
     except StoreError as exc:
         _say(f"could not record the end of node {name}: {exc}")
     finally:  # written last: a reader that sees it knows the node's console is saved
