@@ -97,8 +97,9 @@ def test_an_elastic_run_goes_on_when_a_node_is_killed(tmp_path, launcher_home, v
     assert any(f"node {victim}: node process killed by SIGKILL" in line for line in status["rounds"]["history"])
     events = json.loads(run_cli("timeline", run_id, "--json").stdout)["events"]
     survivor = "t-worker-0"  # round 0 trained under 60 s: no spare was started for round 1
-    assert [e.get("detail") for e in events if e["phase"] == "torchrun" and e["node"] == survivor] == [
-        "a spare, its imports done", ""], events
+    details = [e.get("detail") for e in events if e["phase"] == "torchrun" and e["node"] == survivor]
+    # round 0 took the spare started with the node, its imports done or not (a loaded machine imports slowly)
+    assert details[0] in ("a spare, its imports done", "a spare, still importing") and details[1:] == [""], events
 
 
 def test_an_elastic_run_goes_on_when_one_training_process_is_killed(tmp_path, launcher_home):
