@@ -128,7 +128,7 @@ def test_a_static_run_with_restarts_resumes_from_its_checkpoint(tmp_path, launch
     again = next(e for e in events if e["phase"] == "training-again")
     assert (death["round"], again["round"]) == (0, 1) and death["at"] <= replaced["at"] < again["at"]
     survivors_torchrun = next(e for e in events if e["phase"] == "torchrun" and e["node"] == "t-main" and e["round"] == 1)
-    assert survivors_torchrun["detail"] == "a spare, its imports done"  # started while round 0 trained
+    assert survivors_torchrun["detail"].startswith("a spare, ")  # started while round 0 trained
 
 
 @pytest.mark.parametrize("recovery, said", [
