@@ -78,7 +78,9 @@ def test_build_records_the_image_and_keeps_data_and_secrets_out(project):
 def test_a_failing_build_step_is_quoted_and_records_nothing(tmp_path, node_base_image, launcher_home):
     spec = init_project(tmp_path / "proj", workers=1, epochs=1)
     done = run_cli("build", "-f", str(spec), "--build-arg", f"BASE_IMAGE={node_base_image}",
-                   "--build-arg", "TORCH_SPEC=no-such-package-anywhere==0.0", timeout=300)
+                   # a wheel that is not in the image: pip fails at once (a name to look up would wait on an index
+                   # the build container cannot reach, about a minute of retries)
+                   "--build-arg", "TORCH_SPEC=/wheels/no-such-package-anywhere-0.0-py3-none-any.whl", timeout=300)
     assert done.returncode == 3, done.stdout + done.stderr
     assert re.search(r"image build failed at Step \d+/12 : RUN python -m pip install", done.stderr)
     assert "no-such-package-anywhere" in done.stderr and "returned a non-zero code" in done.stderr
