@@ -390,35 +390,52 @@ dist.destroy_process_group()
 """
 
 
-def test_a_job_past_its_time_limit_is_retried_whole_as_a_new_job_that_resumes_from_the_checkpoint(
-        tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, RESUMING_JOB, nodes=2, extra_cluster={"recovery": {"maxRestarts": 1}}),
-                    time=1)  # one minute: Slurm ends the job (TIMEOUT), a common end of long trainings on clusters
-    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
+def start_past_its_time_limit(directory: Path, script: str, **cluster) -> str:
+    """``script`` on 2 Slurm nodes with a time limit of one minute (Slurm's shortest; it ends the job, TIMEOUT, at its
+    next check of limits, up to 30 s later: a common end of long trainings on clusters), detached; its run id."""
+    directory.mkdir()
+    spec = on_slurm(write_spec(directory, script, nodes=2, extra_cluster=cluster), time=1)
+    started = run_cli("run", "-f", str(spec), "--detach", cwd=directory)
     assert started.returncode == 0, started.stdout + started.stderr
-    run_id = run_id_from(started.stdout)
-    first = job_of(launcher_home, run_id)
-    watcher = Watcher(run_id, dict(os.environ))
-    watcher.wait_for(rf"attempt 1 ended \(node t-main: Slurm ended job {first}: .*TIMEOUT.*\); attempt 2 started, "
-                     r"restart 1 of 1", timeout=180)
-    code, output = watcher.finish(timeout=180)
+    return run_id_from(started.stdout)
+
+
+def test_a_job_past_its_time_limit_ends_with_timeout_named_or_is_retried_whole_and_resumes(
+        tmp_path, launcher_home, slurm):
+    """Two runs at once, since each waits a minute or more for Slurm: one without restarts fails naming the limit;
+    one with a restart is retried whole as a new job that resumes from its checkpoint."""
+    ends = start_past_its_time_limit(tmp_path / "ends", FOREVER)
+    retried = start_past_its_time_limit(tmp_path / "retried", RESUMING_JOB, recovery={"maxRestarts": 1})
+    first = job_of(launcher_home, retried)
+    retried_watcher = Watcher(retried, dict(os.environ))
+    code, output = Watcher(ends, dict(os.environ)).finish(timeout=240)
+    assert code == 1, output
+    assert f"run {ends} failed" in output, output
+    assert re.search(rf"cause: Slurm ended job {job_of(launcher_home, ends)}: (TIMEOUT on \S+|its time limit "
+                     r"of 1 min ran out \(TIMEOUT\))", output), output
+    status = json.loads(run_cli("status", ends, "--json").stdout)
+    assert status["result"] == "failed" and "time limit" in status["first_failure"]["reason"], status
+
+    retried_watcher.wait_for(rf"attempt 1 ended \(node t-main: Slurm ended job {first}: .*TIMEOUT.*\); attempt 2 "
+                             r"started, restart 1 of 1", timeout=180)
+    code, output = retried_watcher.finish(timeout=180)
     assert code == 0, output
     assert "exit code None" not in output  # the nodes say Slurm ended the job, not that a node failed
     saved = max(int(step) for step in re.findall(rf"saved step (\d+)", output))
-    resumed = re.findall(rf"rank (\d) starts at step (\d+) in {run_id}\.2", output)
+    resumed = re.findall(rf"rank (\d) starts at step (\d+) in {retried}\.2", output)
     assert sorted(rank for rank, _ in resumed) == ["0", "1"] and all(int(step) > 0 for _, step in resumed), output
-    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    status = json.loads(run_cli("status", retried, "--json").stdout)
     assert status["result"] == "succeeded" and [attempt["number"] for attempt in status["attempts"]] == [2], status
-    record = json.loads((tmp_path / "wd" / run_id / "attempts" / "2.json").read_text())
+    record = json.loads((tmp_path / "retried" / "wd" / retried / "attempts" / "2.json").read_text())
     (second,) = set(record["units"].values())
     assert second != first and record["cause"]["kind"] == "lost" and saved >= 10
     shown = slurm.command("scontrol", "-o", "show", "job", second).stdout
-    assert f"JobName=launcher:{run_id}.2 " in shown and "NumNodes=2" in shown and "JobState=COMPLETED" in shown, shown
-    assert json.loads(run_cli("status", second, "--json").stdout)["run_id"] == run_id  # RUN: any job of the run
-    watched = run_cli("watch", run_id, "--no-follow").stdout  # every attempt's lines, each attempt's end between
-    first_lines, said, second_lines = re.split(rf"^run {run_id}: (attempt 1: .*retried as attempt 2.*)$", watched,
+    assert f"JobName=launcher:{retried}.2 " in shown and "NumNodes=2" in shown and "JobState=COMPLETED" in shown, shown
+    assert json.loads(run_cli("status", second, "--json").stdout)["run_id"] == retried  # RUN: any job of the run
+    watched = run_cli("watch", retried, "--no-follow").stdout  # every attempt's lines, each attempt's end between
+    first_lines, said, second_lines = re.split(rf"^run {retried}: (attempt 1: .*retried as attempt 2.*)$", watched,
                                                flags=re.M)
-    assert f"starts at step 0 in {run_id}\n" in first_lines and f"in {run_id}.2" in second_lines, watched
+    assert f"starts at step 0 in {retried}\n" in first_lines and f"in {retried}.2" in second_lines, watched
     assert f"Slurm ended job {first}" in said
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
 
@@ -471,22 +488,6 @@ def test_a_killed_node_of_a_static_run_fails_it_fast_naming_the_node(tmp_path, l
     assert code == 1, output
     assert re.search(rf"run {run_id} failed: node t-worker-0 (\(rank 1\) )?exited with status 137", output), output
     assert "node process killed by SIGKILL" in output
-    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
-
-
-def test_a_job_past_its_time_limit_ends_with_timeout_named(tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, FOREVER, nodes=2), time=1)  # one minute
-    started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
-    run_id = run_id_from(started.stdout)
-    job = job_of(launcher_home, run_id)
-    watcher = Watcher(run_id, dict(os.environ))
-    code, output = watcher.finish(timeout=240)
-    assert code == 1, output
-    assert f"run {run_id} failed" in output, output
-    assert re.search(rf"cause: Slurm ended job {job}: (TIMEOUT on n\[1-2\]|its time limit of 1 min ran out \(TIMEOUT\))",
-                     output), output
-    status = json.loads(run_cli("status", run_id, "--json").stdout)
-    assert status["result"] == "failed" and "time limit" in status["first_failure"]["reason"], status
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
 
 
