@@ -101,3 +101,17 @@ def test_a_replacement_the_engine_refuses_is_no_longer_waited_for(tmp_path):
     assert said == [True]
     assert run.get_record("rounds/00000/end/t-worker-1.lost.json")["replaced"] is False
     assert "its replacement was refused: sbatch: error: QOSMaxSubmitJobPerUserLimit" in result["t-worker-1"].reason
+
+
+def test_a_job_that_failed_because_a_node_was_lost_in_it_says_the_run_went_on(lost_and_started_again, monkeypatch):
+    """The batch job of a run that recovered ends FAILED (the lost node's task ended 137) while the run succeeds:
+    its line says which node was lost there, so that it does not read as the run's end."""
+    info, _, _ = lost_and_started_again
+    info = RunInfo(info.run_id, info.backend, info.work_dir, info.nodes, "", "", info.created_at,
+                   backend_ids={**info.backend_ids, "recovery": RECOVERY})
+    answer = {"13": Job("13", "FAILED", "NonZeroExitCode", "n[1-2]", None, None, start_time=time.time() - 60),
+              "14": Job("14", "COMPLETED", "None", "n3", None, None, start_time=time.time() - 30)}
+    monkeypatch.setattr(engine, "jobs", lambda ids: {i: answer[i] for i in ids if i in answer})
+    assert SlurmBackend().engine_state(info) == (
+        "Slurm job 13: FAILED on n[1-2] (NonZeroExitCode), where t-worker-1 was lost and the run went on; "
+        "Slurm job 14: COMPLETED on n3 (t-worker-1, started again)")

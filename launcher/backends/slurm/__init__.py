@@ -369,22 +369,32 @@ class SlurmBackend(Backend):
         if now is not None and not now.get("units"):  # not the attempt before's line: that job has no say now
             return f"attempt {now['number']}: its Slurm job is submitted once every job of the attempt before has ended"
         scope = self.scope(info)
-        units, _ = self._current_jobs(scope)
+        units, records = self._current_jobs(scope)
         jobs = self._jobs(set(units.values()))
         if jobs is None:
             return None
+        lost_in: dict[str, list[str]] = {}  # job -> the nodes lost in it, each started again in a job of its own
+        for item in (item for items in records.values() for item in items if item.lost):
+            lost_in.setdefault(item.lost, []).append(item.node)
         first = scope.batch
-        lines = [self._job_line(first, jobs.get(first))]
+        lines = [self._job_line(first, jobs.get(first), lost_in.get(first, ()))]
         added = info.backend_ids.get("added") or {}
         for name, job_id in units.items():
             if job_id != first:
                 why = "added" if added.get(name) == job_id else "started again"
-                lines.append(self._job_line(job_id, jobs.get(job_id)) + f" ({name}, {why})")
+                lines.append(self._job_line(job_id, jobs.get(job_id), lost_in.get(job_id, ())) + f" ({name}, {why})")
         return "; ".join(dict.fromkeys(lines))
 
     @staticmethod
-    def _job_line(job_id: str, job: Job | None) -> str:
-        return f"Slurm job {job_id}: {job.describe()}" if job else f"Slurm job {job_id}: no longer known to the controller"
+    def _job_line(job_id: str, job: Job | None, lost: Sequence[str] = ()) -> str:
+        """``Slurm job 11: FAILED on n[1-3] (NonZeroExitCode)``; a job that failed because a node's task ended in it
+        says that node was lost there: the run went on without that task, so the job's state is not the run's."""
+        if job is None:
+            return f"Slurm job {job_id}: no longer known to the controller"
+        line = f"Slurm job {job_id}: {job.describe()}"
+        if lost and job.state in ("FAILED", "NODE_FAIL"):
+            line += f", where {', '.join(lost)} {'was' if len(lost) == 1 else 'were'} lost and the run went on"
+        return line
 
     def _every_job(self, info: RunInfo) -> list[str]:
         """Every job of the run: of each attempt, its own and those that started its lost nodes again."""
