@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import IO
@@ -41,6 +40,7 @@ from launcher.node.rendezvous import (Decision, RendezvousError, RendezvousStopp
                                       RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
 from launcher.node.spare import Spare
+from launcher.node.training_dirs import make_training_dir
 from launcher.node.status import StatusRecord, status_key
 from launcher.node.store import StoreError, WorkDir
 from launcher.wording import plural
@@ -199,7 +199,7 @@ class Node:
         settings = self.settings
         # the contract promises both directories exist: programs save into them without creating them
         os.makedirs(checkpoint_dir(settings), exist_ok=True)
-        log_dir = tempfile.mkdtemp(prefix=f"launcher-{settings.node}-torchrun-")
+        log_dir = make_training_dir(settings.node)
         self.stacks_dir = os.path.join(log_dir, "stacks")
         os.makedirs(self.stacks_dir)
         argv = torchrun_argv(decision, settings, self.processes, log_dir=log_dir,
