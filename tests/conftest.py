@@ -120,7 +120,7 @@ def registry(docker_engine, tmp_path_factory):
     server.stop()
 
 
-# -- pytest-xdist (scripts/test runs -n 2 --dist loadgroup): what must not run on two workers at once ----------
+# -- pytest-xdist (scripts/test runs -n 3 --dist loadgroup): what must not run on two workers at once ----------
 #
 # xdist's loadgroup sends the tests of one xdist_group to one worker, reading the group from a suffix its workers
 # add to each test's id; pytest 9 no longer takes that suffix (an item's id is no longer its `_nodeid`), so every
