@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from launcher.node.logship import LOCAL_INTERVAL, STORE_INTERVAL
+from launcher.node.procinfo import start_time
 from launcher.node.store import StoreError, WorkDir
 
 EVENTS_PREFIX = "events"
@@ -52,13 +53,8 @@ def scale_key(at: float) -> str:
 
 def process_start_time() -> float:
     """When this process started (Unix time), from /proc; now where /proc cannot say."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            fields = stat.read().rsplit(")", 1)[1].split()
-            since_boot = float(uptime.read().split()[0])
-        return time.time() - (since_boot - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.time()
+    started = start_time(os.getpid())
+    return time.time() if started is None else started
 
 
 class EventLog:

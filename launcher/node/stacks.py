@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.node.cause import library_file
+from launcher.node.procinfo import start_time
 
 STACK_SIGNAL = signal.SIGRTMIN + 4  # real-time: no framework we know of uses it (Lightning uses SIGUSR1)
 HOOKS_DIR = str(Path(__file__).resolve().parent / "rankhooks")
@@ -114,22 +115,12 @@ def live_training_pids(stacks_dir: str) -> list[int]:
         try:
             written = path.stat().st_mtime
             environ = Path(f"/proc/{pid}/environ").read_bytes() if pid else b""
-            started = _start_time(pid) if pid else None
+            started = start_time(pid) if pid else None
         except OSError:
             continue
         if marker in environ.split(b"\0") or (started is not None and started <= written):
             alive.append(pid)
     return alive
-
-
-def _start_time(pid: int) -> float | None:
-    """When process ``pid`` started (Unix time, to the clock tick), from /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        since_boot = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return time.time() - (since_boot - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
 
 
 def _pid_of(path: Path) -> int | None:

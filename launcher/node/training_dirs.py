@@ -14,6 +14,8 @@ import os
 import shutil
 import tempfile
 
+from launcher.node.procinfo import start_ticks
+
 OWNER_FILE = "owner"
 
 
@@ -48,11 +50,6 @@ def _prefix(node: str) -> str:
 
 
 def _identity(pid: int) -> str | None:
-    """``PID STARTTIME`` of a live process (its start time in clock ticks since boot), None when there is none."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return f"{pid} {fields[19].decode()}"
+    """``PID STARTTIME`` of a live process (its start in clock ticks since boot), None when there is none."""
+    ticks = start_ticks(pid)
+    return None if ticks is None else f"{pid} {ticks}"

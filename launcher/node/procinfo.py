@@ -1,0 +1,28 @@
+"""When a process started, from Linux's /proc: what tells a process apart from a later one that got its pid."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (exact: two reads of one process agree); None
+    when there is no such process, or no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> float | None:
+    """When process ``pid`` started, as Unix time (to the clock tick); None where /proc cannot say."""
+    ticks = start_ticks(pid)
+    try:
+        with open("/proc/uptime") as uptime:
+            since_boot = float(uptime.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if ticks is None else time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
