@@ -158,6 +158,28 @@ def test_a_failure_that_happens_every_time_is_not_retried_forever(tmp_path, laun
 
 
 
+def test_a_node_recorded_by_its_supervisor_has_its_cause_before_its_failed_status(tmp_path):
+    """A reader (watch) reads the statuses, then the failure markers: it must never see a node failed and find no
+    cause. The supervisor writes the marker first, as a node does for itself."""
+    from launcher.node.control import failure_key
+    from launcher.node.status import status_key
+    from launcher.node.store import WorkDir
+    from launcher.runs.supervision import record_on_behalf
+
+    class Watched(WorkDir):
+        def put(self, key: str, data: bytes) -> None:
+            if key == status_key("t-main"):
+                assert self.get(failure_key("t-main")) is not None, "the failed status came before the failure marker"
+            super().put(key, data)
+
+    console = tmp_path / "t-main.log"
+    console.write_text("last words\n")
+    run = Watched(str(tmp_path / "run"))
+    record_on_behalf(run, "t-main", {"node": "t-main", "state": "running", "rank": 0}, 137,
+                     "node process killed by SIGKILL", str(console))
+    assert json.loads(run.get(failure_key("t-main")))["reason"].startswith("node process killed by SIGKILL")
+
+
 STUBBORN = """
 import os, signal
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlives torchrun's SIGTERM; torch starts it in a session of its own

@@ -217,12 +217,13 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
         return replaced
     reason = with_error_line(reason, console_log)
     details = {"console_log": console_log, "last_output": console_tail(console_log)}
+    # The marker before the final status, as a node writes its own: a reader that sees the node failed finds its cause.
+    if not cancelled:
+        record_failure(run, name, status.get("rank"), exit_code, reason, details, at=at)
     status.update({"node": name, "state": "cancelled" if cancelled else "failed", "exit_code": exit_code,
                    "reason": reason, "ended_at": time.time() if at is None else at, "updated_at": time.time(),
                    "reported_by": "supervisor", **details})
     run.put(status_key(name), json.dumps(status).encode())
-    if not cancelled:
-        record_failure(run, name, status.get("rank"), exit_code, reason, details, at=at)
     return False
 
 
