@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_digits
+
 from conftest import run_cli
 
 EXPECTED = ["artifacts/pytorch/v1/Dockerfile", "artifacts/pytorch/v1/node_entry.py",
@@ -39,3 +48,19 @@ def test_init_unknown_framework(tmp_path):
     done = run_cli("init", "--framework", "dask", "--dir", str(tmp_path))
     assert done.returncode == 2 and "framework 'dask' is not supported yet" in done.stderr
     assert written(tmp_path) == []
+
+
+def test_the_example_reads_scikit_learns_digits_without_importing_it(tmp_path, monkeypatch):
+    """The example reads the CSV scikit-learn bundles (its import would cost every training process about a second
+    of CPU); where the file is not found it falls back on scikit-learn's loader. Both give load_digits' data."""
+    train_py = Path(__file__).resolve().parents[1] / "templates" / "pytorch" / "train.py"
+    code = f"import runpy, sys; runpy.run_path({str(train_py)!r})['read_digits'](); print('sklearn' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "False", imported.stdout + imported.stderr
+    example = runpy.run_path(str(train_py))
+    expected = load_digits()
+    for found in (importlib.util.find_spec, lambda name: None):
+        monkeypatch.setattr(importlib.util, "find_spec", found)
+        pixels, labels = example["read_digits"]()
+        assert np.array_equal(pixels, expected.data) and np.array_equal(labels, expected.target)
+        assert labels.dtype == np.int64
