@@ -216,10 +216,12 @@ def test_kubectl_applies_the_dry_run_and_gets_logs_and_deletes_the_job(project, 
     bad = printed.stdout.replace("completions: 3", "completions: three").replace("by-kubectl-1", "by-kubectl-2")
     refused = kubectl("apply", "-f", "-", stdin=bad)
     assert refused.returncode != 0 and 'The Job "by-kubectl-2" is invalid: spec.completions' in refused.stderr
-    deleted = kubectl("delete", "job", "by-kubectl-1")
+    # kubectl's default (Background) returns once the Job is gone and leaves its pods to the garbage collector;
+    # Foreground keeps the Job, which kubectl waits for, until its pods are gone
+    deleted = kubectl("delete", "job", "by-kubectl-1", "--cascade=foreground")
     assert deleted.returncode == 0, deleted.stderr
     assert kubectl("delete", "service", "by-kubectl-1").returncode == 0
-    assert run_objects(kube, "by-kubectl-1") == []  # kubectl delete waits for the pods' deletion
+    assert run_objects(kube, "by-kubectl-1") == []
 
 
 def test_a_cluster_older_than_a_field_the_run_needs_is_refused_naming_the_version(project, tmp_path):
