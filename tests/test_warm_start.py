@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cluster import write_spec
-from clirun import run_id_from
+from clirun import run_id_from, wait_until
 from conftest import run_cli
 from launcher.node.spare import Spare
 from launcher.node.warmstart import WarmInterpreter, entry_of, warm_starts_on
@@ -224,6 +224,34 @@ def test_a_taken_spare_says_whether_its_imports_were_done(monkeypatch, imports_d
     assert proc.wait(timeout=120) == 0 and "usage: torchrun" in output, output
     proc.stdout.close()
     assert imported is imports_done
+
+
+def test_a_spares_first_warm_interpreter_is_a_fork_of_it_that_imported_nothing_itself(monkeypatch):
+    """The spare forks its first warm interpreter once torch is imported (one import for both) and spawns the others;
+    the fork is set up as a spawned one is (own session, stdin from /dev/null, no other descriptor but its socket),
+    and ends with the spare."""
+    monkeypatch.delenv("LAUNCHER_WARM_START", raising=False)
+    spare = Spare()
+    spare.prepare(2)
+    assert select.select([spare.ready], [], [], 120)[0], "the spare never said its imports were done"
+    children = [int(pid) for pid in Path(f"/proc/{spare.proc.pid}/task/{spare.proc.pid}/children").read_text().split()]
+    forked = [pid for pid in children if b"--spare" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(children) == 2 and len(forked) == 1, children
+    [pid] = forked
+    ticks = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13]
+    assert sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK") < 0.3, "it imported torch itself (over a second)"
+    fds = {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    assert os.getsid(pid) == pid and fds[0] == os.devnull
+    assert sorted(fds)[:3] == [0, 1, 2] and len(fds) == 4 and fds[max(fds)].startswith("socket:"), fds
+    spare.discard()
+
+    def ended(child: int) -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    assert wait_until(lambda: all(ended(child) for child in children), 30), "a warm interpreter outlived its spare"
 
 
 def test_only_the_round_names_of_an_environment_may_differ_from_a_warm_interpreters():

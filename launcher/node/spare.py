@@ -2,11 +2,13 @@
 each one a recovery begins) waits neither for torchrun's imports nor for its training processes' (over a second
 of torch each).
 
-The spare is ``python -m launcher.node.torchrun_shim --spare PROCESSES``, started as the node starts torchrun
-(its own session, ended with the node), with the environment every round's has (the round's names aside); it
-starts one warm interpreter per training process (:mod:`launcher.node.warmstart`), imports torch and waits for
-one JSON line on stdin, the command line and environment of the round. Taking it sends them; a node that ends
-without taking it closes its stdin and the spare ends quietly. ``LAUNCHER_WARM_START=0`` keeps no spare.
+The spare is ``python -u -c RUN_WARM_INTERPRETER --spare PROCESSES`` (:mod:`launcher.node.warm_interpreter`, then
+:func:`launcher.node.torchrun_shim.run_spare`), started as the node starts torchrun (its own session, ended with
+the node), with the environment every round's has (the round's names aside). It imports torch, forks its first
+warm interpreter and spawns the others (one per training process, :mod:`launcher.node.warmstart`), imports what
+torchrun needs and waits for one JSON line on stdin, the command line and environment of the round. Taking it
+sends them; a node that ends without taking it closes its stdin and the spare ends quietly.
+``LAUNCHER_WARM_START=0`` keeps no spare.
 
 Once its imports are done the spare writes one byte to a pipe of its own (the fd :data:`READY_FD_VAR` names), so
 a round that takes it can say whether it saved the whole import or only part of it.
@@ -21,7 +23,7 @@ import subprocess
 import sys
 
 from launcher.node.childproc import die_with_parent
-from launcher.node.warmstart import warm_starts_on
+from launcher.node.warmstart import RUN_WARM_INTERPRETER, SPARE_ARG, warm_env, warm_starts_on
 
 READY_FD_VAR = "LAUNCHER_SPARE_READY_FD"
 
@@ -38,10 +40,12 @@ class Spare:
         if self.proc is not None or not warm_starts_on(os.environ):
             return
         self.ready, ready_write = os.pipe()
+        # Its environment is its warm interpreters': the first is a fork of it, made once torch is imported
+        env = {**warm_env(standing_env(os.environ), processes), READY_FD_VAR: str(ready_write)}
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "launcher.node.torchrun_shim", "--spare", str(processes)],
-                env={**standing_env(os.environ), READY_FD_VAR: str(ready_write)}, pass_fds=(ready_write,),
+                [sys.executable, "-u", "-c", RUN_WARM_INTERPRETER, SPARE_ARG, str(processes)], env=env,
+                pass_fds=(ready_write,),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=die_with_parent())
         except OSError:

@@ -7,40 +7,51 @@ waits for the port, so a worker's start-up overlaps the main's instead of follow
 own rendezvous begins only after the port answers. Exits with :data:`EXIT_NO_MAIN` if the port does
 not answer in time. The output pipes: :mod:`launcher.node.rankpipes`.
 
-``python -m launcher.node.torchrun_shim --spare PROCESSES`` starts PROCESSES warm interpreters
-(:mod:`launcher.node.warmstart`), imports all that torchrun needs and then waits for its command line and
-environment, one JSON object on stdin (:mod:`launcher.node.spare`): a node keeps one ready before it knows
-the next round's ranks. Ends quietly when stdin closes with nothing.
+The spare (:mod:`launcher.node.spare`), which a node keeps ready before it knows the next round's ranks, starts
+as the warm interpreter's file (:func:`run_spare`): it imports torch, forks its first warm interpreter, spawns the
+others (:mod:`launcher.node.warmstart`), imports all that torchrun needs and then waits for its command line and
+environment, one JSON object on stdin. Ends quietly when stdin closes with nothing.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from launcher.node.warmstart import WarmPool
 
 EXIT_NO_MAIN = 75  # EX_TEMPFAIL
 READERS_SECONDS = 5.0  # at most this long for the node to open the last pipes (it looks every 0.1 s)
-SPARE = "--spare"
-USAGE = "usage: torchrun_shim [HOST PORT SECONDS] -- TORCHRUN_ARGS...  |  torchrun_shim --spare PROCESSES"
+USAGE = "usage: torchrun_shim [HOST PORT SECONDS] -- TORCHRUN_ARGS..."
 
 
-def main(argv: list[str]) -> int:
+def run_spare(processes: int, forked: int, channel: socket.socket) -> NoReturn:
+    """The spare torchrun, started as ``python -u -c RUN_WARM_INTERPRETER --spare PROCESSES``
+    (:data:`launcher.node.warmstart.RUN_WARM_INTERPRETER`): it imported torch and forked its first warm
+    interpreter (pid ``forked``, reached through ``channel``); the others it spawns now, as they import as it does."""
     from launcher.node.warmstart import WarmPool, warm_env
 
+    pool = WarmPool(processes, warm_env(os.environ, processes), forked=(forked, channel))
+    command = _await_command()
+    if command is None:
+        pool.close()
+        _exit_now(0)
+    os.environ.clear()
+    os.environ.update(command["env"])
+    _exit_now(main(command["argv"], pool))
+
+
+def main(argv: list[str], pool: WarmPool | None = None) -> int:
+    """torchrun for ``argv`` (HOST PORT SECONDS -- TORCHRUN_ARGS, or -- TORCHRUN_ARGS), its training processes
+    started from ``pool``'s warm interpreters where it can."""
+    from launcher.node.warmstart import WarmPool
+
     node_pid = os.getppid()
-    pool = WarmPool(0, {})
-    if argv[:1] == [SPARE]:
-        if len(argv) != 2 or not argv[1].isdigit():
-            raise SystemExit(USAGE)
-        pool = WarmPool(int(argv[1]), warm_env(os.environ, int(argv[1])))  # first: they import as this one does
-        command = _await_command()
-        if command is None:
-            pool.close()
-            return 0
-        argv = command["argv"]
-        os.environ.clear()
-        os.environ.update(command["env"])
+    pool = pool or WarmPool(0, {})
     if "--" not in argv or argv.index("--") not in (0, 3):
         raise SystemExit(USAGE)
     wait, torchrun_args = argv[:argv.index("--")], argv[argv.index("--") + 1:]
@@ -95,7 +106,7 @@ def _exit_code(code: object) -> int:
     return 1
 
 
-def _exit_now(code: int) -> None:
+def _exit_now(code: int) -> NoReturn:
     """End without the interpreter's finalisation: with torch imported it takes 0.5-1.5 s here (collecting
     torch's objects), all of it between the training processes' end and the node's. Nothing of torchrun's
     needs it: its workers have ended and its files are written; only our buffered output is flushed."""

@@ -10,8 +10,15 @@ arguments, the environment torchrun gives the rank, the working directory), with
 output. The process then becomes what ``python -u train.py`` would be, less the second of torch's import: the
 output, environment, signal dispositions, ``sys.argv``, ``sys.path[0]``, a ``__main__`` holding nothing of this
 file's, launcher's rank hooks, and the interpreter's own handling of the script's end (threads joined,
-``atexit``, files flushed, the exit status of an exception or of Ctrl-C). It is a process of its own from the
-start (never a fork), so nothing of torchrun's is in it. Closing the socket with no command ends it at once.
+``atexit``, files flushed, the exit status of an exception or of Ctrl-C). Closing the socket with no command ends
+it at once.
+
+The spare torchrun starts from this file too (``... --spare PROCESSES``): once torch is imported it forks its
+first warm interpreter (:func:`fork_interpreter`) and only then becomes torchrun, so that one torch import serves
+both. The fork is made before any of torchrun's or launcher's code has run: the child holds the same modules, the
+same ``__main__`` and the same state as a warm interpreter spawned on its own, and carries on as one. What it
+shares with its parent, the hash seed and the random state of modules other than ``random`` (which reseeds at a
+fork), it shares with the spare torchrun only: the other warm interpreters are spawned, each a process of its own.
 """
 
 import json
@@ -102,8 +109,51 @@ def main_code(command):
     return code, namespace
 
 
+SPARE = "--spare"  # launcher.node.warmstart.SPARE_ARG (this file imports nothing of launcher's before it forks)
+
+
+def fork_interpreter():
+    """In the spare torchrun's process, right after its torch import: (the pid of a child that is this interpreter
+    as it stands, our end of its socket). In that child: (None, the fd of its end), once it is what a warm
+    interpreter started on its own is (its own session, stdin from /dev/null, no other descriptor, SIGTERM when
+    the spare dies)."""
+    ours, theirs = socket.socketpair()
+    spare = os.getpid()
+    pid = os.fork()
+    if pid:
+        theirs.close()
+        return pid, ours
+    ours.close()
+    kept = theirs.detach()
+    os.setsid()
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != spare:  # the spare died before the line above
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for fd in map(int, os.listdir("/proc/self/fd")):  # what a spawned process's close_fds leaves: 0, 1, 2 and ours
+        if fd > 2 and fd != kept:
+            try:
+                os.close(fd)
+            except OSError:  # the directory listing's own descriptor, closed already
+                pass
+    return None, kept
+
+
 if __name__ == "__main__":
-    with socket.socket(fileno=int(sys.argv[1])) as channel:
+    if sys.argv[1] == SPARE:  # this process is the spare torchrun (launcher.node.spare): its first warm interpreter
+        child, end = fork_interpreter()  # is a fork of it, made now, so that torch is imported once for both
+        if child is not None:
+            from launcher.node.torchrun_shim import run_spare
+
+            run_spare(int(sys.argv[2]), child, end)  # never returns
+        channel_fd = end
+    else:
+        channel_fd = int(sys.argv[1])
+    with socket.socket(fileno=channel_fd) as channel:
         received = receive(channel)
     if received is None:
         os._exit(0)  # never needed: nothing to finalise, and torch's teardown takes a second

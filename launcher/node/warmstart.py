@@ -2,9 +2,10 @@
 
 A training process started the usual way (``python -u train.py``) spends over a second importing torch before
 the script's first line, on every start: the first round and every round a recovery begins. The spare torchrun
-(:mod:`launcher.node.spare`) starts one warm interpreter per training process of its node as it starts itself
-(:mod:`launcher.node.warm_interpreter`: a fresh ``python -u`` that imports torch and waits). When torchrun then
-starts its processes, each takes a warm one and hands it its script, environment and output.
+(:mod:`launcher.node.spare`) gets one warm interpreter per training process of its node ready as it starts
+(:mod:`launcher.node.warm_interpreter`: an interpreter that has imported torch and waits): the first it forks
+from itself once torch is imported, the others it spawns (:class:`WarmPool`). When torchrun then starts its
+processes, each takes a warm one and hands it its script, environment and output.
 
 A warm interpreter is used only where it is what a fresh start would be: ``python -u SCRIPT`` or
 ``python -u -m MODULE`` (``--no-python`` programs start as before) and an environment that differs from the one
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 from typing import IO, Any, Mapping
 
 WARM_START_ENV = "LAUNCHER_WARM_START"
+SPARE_ARG = "--spare"  # the warm interpreter's file, given it, is the spare torchrun (launcher.node.spare)
 OFF = ("0", "false", "no", "off")
 # What torchrun (its local agent) and launcher's node set for each training process: read as it runs (by
 # torch.distributed, by the script), never by the interpreter's or a library's start.
@@ -45,19 +48,23 @@ def warm_starts_on(env: Mapping[str, str]) -> bool:
 class WarmInterpreter:
     """One interpreter importing torch, ours until a training process is started with it."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], proc: subprocess.Popen | ForkedProcess, channel: socket.socket):
+        self.env = dict(env)
+        self.proc = proc
+        self.channel = channel
+
+    @classmethod
+    def spawned(cls, env: Mapping[str, str]) -> WarmInterpreter:
+        """A fresh ``python -u`` of its own: its own session (torchrun stops a process by its group, as it would one
+        it started), stdin as a spare's training process would have it, ended with torchrun's process while unused."""
         from launcher.node.childproc import die_with_parent
 
-        self.env = dict(env)
         ours, theirs = socket.socketpair()
-        self.channel = ours
-        # Its own session (torchrun stops a process by its group, as it would one it started); stdin as a
-        # spare's training process would have it; ended with torchrun's process while unused.
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", RUN_WARM_INTERPRETER, str(theirs.fileno())],
-                                     env=self.env, stdin=subprocess.DEVNULL,
-                                     pass_fds=(theirs.fileno(),), start_new_session=True,
-                                     preexec_fn=die_with_parent())
+        proc = subprocess.Popen([sys.executable, "-u", "-c", RUN_WARM_INTERPRETER, str(theirs.fileno())],
+                                env=dict(env), stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                                start_new_session=True, preexec_fn=die_with_parent())
         theirs.close()
+        return cls(env, proc, ours)
 
     def differing(self, env: Mapping[str, str]) -> list[str]:
         """The names, of those a start may read, in which ``env`` differs from this interpreter's: none, and the
@@ -89,11 +96,61 @@ class WarmInterpreter:
         self.proc.wait()
 
 
-class WarmPool:
-    """The warm interpreters of one torchrun, taken in the order torchrun starts its processes."""
+class ForkedProcess:
+    """What torchrun and launcher ask of a ``Popen``, for the warm interpreter the spare torchrun forked (its child,
+    see :func:`launcher.node.warm_interpreter.fork_interpreter`)."""
 
-    def __init__(self, count: int, env: Mapping[str, str]) -> None:
-        self.ready = [WarmInterpreter(env) for _ in range(count)]
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.args = [sys.executable, "-u", "-c", RUN_WARM_INTERPRETER]
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._reap(os.WNOHANG)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.poll() is None and timeout is not None:
+            from launcher.node.childproc import ExitEvent
+
+            exited = ExitEvent(self.pid)
+            try:
+                if not exited.wait(timeout):
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+            finally:
+                exited.close()
+        while self.returncode is None:
+            self._reap(0)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def _reap(self, options: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, options)
+        except ChildProcessError:  # reaped elsewhere: its status is lost, as Popen has it then
+            self.returncode = 0
+            return
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+
+class WarmPool:
+    """The warm interpreters of one torchrun, taken in the order torchrun starts its processes: in a spare torchrun,
+    the first is the one it forked (``forked``: its pid and our end of its socket), the others spawned."""
+
+    def __init__(self, count: int, env: Mapping[str, str], forked: tuple[int, socket.socket] | None = None) -> None:
+        first = [WarmInterpreter(os.environ, ForkedProcess(forked[0]), forked[1])] if forked else []
+        self.ready = first + [WarmInterpreter.spawned(env) for _ in range(count - len(first))]
 
     def take(self, env: Mapping[str, str]) -> WarmInterpreter | None:
         while self.ready:
