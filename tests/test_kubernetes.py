@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,10 @@ def test_a_pod_deleted_from_outside_is_replaced_and_the_run_resumes(project, kub
                   env)
     run.wait_for(rf"\[pytorch-ddp-worker-{worker}\s+r\d\] rank \d: epoch 2/6", timeout=400)
     run_id = run_id_from("\n".join(run.lines))
+    # Its training is frozen first, so that the run cannot end before the deletion reaches the pod, however long
+    # the kubelet and Docker take (the node itself is not: it must see the SIGTERM)
+    for pid in training_pids(run_id, f"pytorch-ddp-worker-{worker}"):
+        os.kill(pid, signal.SIGSTOP)
     core, _ = api(kube)
     selector = f"batch.kubernetes.io/job-name={run_id},batch.kubernetes.io/job-completion-index={index}"
     [pod] = core.list_namespaced_pod("default", label_selector=selector).items
@@ -143,6 +148,26 @@ def test_a_pod_deleted_from_outside_is_replaced_and_the_run_resumes(project, kub
             output, output[-4000:]
         events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={pod.metadata.name}").items
         assert [e.reason for e in events if e.reason == "Killing"] == ["Killing"]  # stopped by the kubelet, gently
+
+
+def training_pids(run_id: str, node: str) -> list[int]:
+    """The processes the node's torchruns started (its containers' processes are this machine's)."""
+    def children(pid: int) -> list[int]:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+    def is_bootstrap(entry: Path) -> bool:
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            return False
+        return all(mark in env for mark in marks) and argv[-3:-1] == [b"-m", b"launcher.node"]
+
+    marks = (f"LAUNCHER_RUN_ID={run_id}".encode(), f"LAUNCHER_NODE_NAME={node}".encode())
+    [bootstrap] = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit() and is_bootstrap(entry)]
+    pids = [pid for torchrun in children(bootstrap) for pid in children(torchrun)]
+    assert pids, f"{node} has no training process"
+    return pids
 
 
 def test_a_pod_that_fits_no_node_shows_the_schedulers_reason_and_cancel_leaves_nothing(project, kube):
