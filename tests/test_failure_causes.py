@@ -349,6 +349,13 @@ def test_a_hung_ranks_place_is_the_users_line_not_launchers():
     assert str(stack.innermost_user_frame) == "/code/train.py:24 in main"
 
 
+def test_torchrun_killed_from_outside_is_named_with_its_signal():
+    """No failure report and no error of torchrun's own: the signal its process ended with is the cause."""
+    killed = diagnose(["[launcher] starting", "rank 0: epoch 1"], {}, torchrun_code=-9).to_dict()
+    assert describe(killed) == "torchrun killed by SIGKILL (often the out-of-memory killer)"
+    assert (killed["exit_code"], killed["torchrun"]) == (137, True)
+    assert describe(diagnose([], {}, torchrun_code=1).to_dict()) == "a training process"  # nothing more is known
+
 def test_a_syntax_error_and_a_missing_module():
     caret_block = ['  File "/code/train.py", line 4', '    print("unclosed"', "         ^",
                    "SyntaxError: '(' was never closed"]

@@ -63,9 +63,11 @@ class Cause:
         return asdict(self)
 
 
-def diagnose(report: Iterable[str], stderr_tails: Mapping[int, Sequence[str]]) -> Cause:
+def diagnose(report: Iterable[str], stderr_tails: Mapping[int, Sequence[str]], torchrun_code: int | None = None
+             ) -> Cause:
     """This node's cause: torchrun's root cause, unless that rank only lost a peer and another raised; with no
-    failure report, torchrun's own error (it failed before or around its training processes)."""
+    failure report, torchrun's own error (it failed before or around its training processes), or the signal that
+    killed it (``torchrun_code``, its process's return code, negative for a signal)."""
     report = list(report)
     failures = from_torchrun(report)
     for cause in failures:
@@ -76,6 +78,9 @@ def diagnose(report: Iterable[str], stderr_tails: Mapping[int, Sequence[str]]) -
             cause.frame = cause.frame or frame
     if not failures:
         exception, frame = from_stderr(report)
+        if exception is None and torchrun_code is not None and torchrun_code < 0:  # killed: it could report nothing
+            return Cause(exit_code=killed_by(-torchrun_code), signal=signal_name(-torchrun_code),
+                         stderr_tail=report[-STDERR_TAIL_LINES:], torchrun=True)
         return Cause(exception=exception, frame=frame, stderr_tail=report[-STDERR_TAIL_LINES:],
                      torchrun=exception is not None)
     root = failures[0]

@@ -223,7 +223,8 @@ class Node:
         try:
             return decide(ended, decision, node=settings.node, rendezvous_timeout=settings.rendezvous_timeout,
                           recovering=rounds is not None, stop_request=self.stop_request,
-                          cause_here=lambda: diagnose(self.torchrun_output, rank_logs.tails), peer_stop=self._peer_stop)
+                          cause_here=lambda: diagnose(self.torchrun_output, rank_logs.tails, ended.code),
+                          peer_stop=self._peer_stop)
         finally:  # not before: it holds the ranks' error files (torch's @record)
             shutil.rmtree(log_dir, ignore_errors=True)
 
