@@ -142,6 +142,19 @@ def test_the_two_launcher_names_a_spec_may_set_are_checked_where_they_have_a_for
     assert problem.replace("[0]", "[1]") in found, found
 
 
+@pytest.mark.parametrize("value, problem", [
+    ("' Off '", None), ("TRUE", None), ("0", None), ("false", None), ("'maybe'", True), ("fasle", True), ("2", True),
+    ("''", True)])
+def test_the_warm_start_switch_takes_only_the_words_it_reads(tmp_path, value, problem):
+    """Anything else would leave warm starts on without a word (a typo of "false" among them)."""
+    text = VALID.replace("      entryPoint: train.py", "      entryPoint: train.py\n      env:\n        - name: "
+                         f"LAUNCHER_WARM_START\n          value: {value}")
+    if problem is None:
+        assert [item.name for item in load_spec(write(tmp_path, text)).runtime.env] == ["LAUNCHER_WARM_START"]
+        return
+    [found] = problems_of(write(tmp_path, text))
+    assert "env[0].value: LAUNCHER_WARM_START must be on (1, true, yes, on) or off (0, false, no, off)" in found, found
+
 def test_elastic_bounds_must_contain_the_started_nodes(tmp_path):
     text = VALID.replace("      workDir: ./wd", "      workDir: ./wd\n      elastic:\n        minNodes: 4\n"
                          "        maxNodes: 6")
