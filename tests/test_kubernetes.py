@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clirun import LiveCli, init_project, run_id_from
+from clirun import LiveCli, init_project, run_id_from, wait_until
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -126,14 +126,22 @@ def test_a_pod_deleted_from_outside_is_replaced_and_the_run_resumes(project, kub
                   env)
     run.wait_for(rf"\[pytorch-ddp-worker-{worker}\s+r\d\] rank \d: epoch 2/6", timeout=400)
     run_id = run_id_from("\n".join(run.lines))
-    # Its training is frozen first, so that the run cannot end before the deletion reaches the pod, however long
-    # the kubelet and Docker take (the node itself is not: it must see the SIGTERM)
-    for pid in training_pids(run_id, f"pytorch-ddp-worker-{worker}"):
-        os.kill(pid, signal.SIGSTOP)
     core, _ = api(kube)
     selector = f"batch.kubernetes.io/job-name={run_id},batch.kubernetes.io/job-completion-index={index}"
     [pod] = core.list_namespaced_pod("default", label_selector=selector).items
-    core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=grace)
+    # The other pods' training is frozen until the deleted pod is gone, so that the run cannot end first however
+    # long the kubelet and Docker take; the deleted pod's node and training are left as they are, to end as they do
+    others = [pid for node in ("pytorch-ddp-main", "pytorch-ddp-worker-0", "pytorch-ddp-worker-1")
+              if node != f"pytorch-ddp-worker-{worker}" for pid in training_pids(run_id, node)]
+    for pid in others:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=grace)
+        assert wait_until(lambda: pod.metadata.name not in [
+            item.metadata.name for item in core.list_namespaced_pod("default", label_selector=selector).items], 300)
+    finally:
+        for pid in others:
+            os.kill(pid, signal.SIGCONT)
     code, output = run.finish(timeout=500)
     assert code == 0, output[-4000:]
     assert f"run {run_id} succeeded" in output
