@@ -28,10 +28,19 @@ BIG = {"local": 4 * 1024 * MiB, "s3": 320 * MiB, "oci": 160 * MiB}
 
 # The child's peak is its VmHWM: getrusage's ru_maxrss counts what the parent held when it forked the child.
 CHILD = """
-import re, sys
+import os, re, sys, threading
 from launcher.node.outputs import OutputsSync, restore_newest
 from launcher.node.store import WorkDir
 url, node, directory, action = sys.argv[1:]
+if os.environ.get("HOLD_S3_PART"):  # S3 part HOLD_S3_PART is never sent: the upload stays under way until killed
+    import launcher.node.transfer as transfer
+    made = transfer._s3_client
+    def holding(fs):
+        client = made(fs)
+        client.meta.events.register("provide-client-params.s3.UploadPart", lambda params, **_: params[
+            "PartNumber"] == int(os.environ["HOLD_S3_PART"]) and threading.Event().wait())
+        return client
+    transfer._s3_client = holding
 sync = OutputsSync(WorkDir(url), node, directory)
 count = sync.sync() if action == "sync" else restore_newest([WorkDir(url)], sync)
 print(count, int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read())[1]) // 1024)
@@ -168,7 +177,9 @@ def test_a_killed_upload_leaves_no_object_and_no_manifest(work_dir, tmp_path):
 
         sim._multipart = holding
 
-    child = subprocess.Popen([sys.executable, "-c", CHILD, url, "a", str(outputs), "sync"])
+    # on S3 (moto, another process) the node holds its second part itself
+    child = subprocess.Popen([sys.executable, "-c", CHILD, url, "a", str(outputs), "sync"],
+                             env={**os.environ, **({"HOLD_S3_PART": "2"} if kind == "s3" else {})})
     try:
         deadline = time.monotonic() + 120
         while not _under_way(kind, store, held) and child.poll() is None and time.monotonic() < deadline:
