@@ -131,9 +131,6 @@ class ForkedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
     def _reap(self, options: int) -> None:
         try:
             pid, status = os.waitpid(self.pid, options)
