@@ -114,6 +114,27 @@ def alive(pid: int) -> bool:
         return False
 
 
+def processes_started_with(**environment: str) -> dict[int, list[bytes]]:
+    """This machine's processes whose starting environment holds every given entry, with their argv. A
+    container's processes are this machine's too, so this finds a Docker node's or a pod's processes as well."""
+    marks = [f"{name}={value}".encode() for name, value in environment.items()]
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if all(mark in (entry / "environ").read_bytes().split(b"\0") for mark in marks):
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def is_node_bootstrap(argv: list[bytes]) -> bool:
+    """Whether a process is a node's bootstrap (``python -m launcher.node``), not what it started."""
+    return argv[-2:] == [b"-m", b"launcher.node"]
+
+
 def group_alive(pgid: int) -> bool:
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

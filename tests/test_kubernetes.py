@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clirun import LiveCli, init_project, run_id_from, wait_until
+from clirun import LiveCli, init_project, is_node_bootstrap, processes_started_with, run_id_from, wait_until
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -163,16 +163,8 @@ def training_pids(run_id: str, node: str) -> list[int]:
     def children(pid: int) -> list[int]:
         return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
-    def is_bootstrap(entry: Path) -> bool:
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:  # gone, or not ours to read
-            return False
-        return all(mark in env for mark in marks) and argv[-3:-1] == [b"-m", b"launcher.node"]
-
-    marks = (f"LAUNCHER_RUN_ID={run_id}".encode(), f"LAUNCHER_NODE_NAME={node}".encode())
-    [bootstrap] = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit() and is_bootstrap(entry)]
+    processes = processes_started_with(LAUNCHER_RUN_ID=run_id, LAUNCHER_NODE_NAME=node)
+    [bootstrap] = [pid for pid, argv in processes.items() if is_node_bootstrap(argv)]
     pids = [pid for torchrun in children(bootstrap) for pid in children(torchrun)]
     assert pids, f"{node} has no training process"
     return pids

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clirun import Watcher, init_project, run_id_from, wait_until
+from clirun import Watcher, init_project, is_node_bootstrap, processes_started_with, run_id_from, wait_until
 from cluster import write_spec
 from conftest import run_cli
 from slurmcluster import slurm, slurm_cluster  # noqa: F401 - fixtures
@@ -237,22 +237,8 @@ def start_elastic(tmp_path: Path) -> str:
 def _task_pids(run_id: str, node_id: int, bootstrap_only: bool = False) -> list[int]:
     """The processes of one Slurm task of the run (the node's bootstrap and what it started), by the environment
     they started with; or only its bootstrap (``python -m launcher.node``)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"LAUNCHER_RUN_ID={run_id}".encode() in env and f"SLURM_NODEID={node_id}".encode() in env:
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
-            except OSError:
-                continue
-            if not bootstrap_only or argv[-2:] == [b"-m", b"launcher.node"]:
-                pids.append(int(entry.name))
-    return pids
+    processes = processes_started_with(LAUNCHER_RUN_ID=run_id, SLURM_NODEID=str(node_id))
+    return [pid for pid, argv in processes.items() if not bootstrap_only or is_node_bootstrap(argv)]
 
 
 def test_an_elastic_run_goes_on_without_a_node_whose_processes_were_killed(tmp_path, launcher_home, slurm):
