@@ -101,6 +101,7 @@ def test_entry_point_checks(tmp_path, launcher_home):
     assert "did you mean 'job.py'?" in checked.stderr
     refused = run_cli("run", "-f", str(spec), cwd=tmp_path)
     assert refused.returncode == 2 and "did you mean 'job.py'?" in refused.stderr
+    assert "jbo.py" not in refused.stdout  # said once, as the error, not also as a note before it
     (tmp_path / "go.sh").write_text("#!/bin/sh\necho hi\n")
     data["spec"]["runtime"]["spec"]["entryPoint"] = "go.sh"
     spec.write_text(yaml.safe_dump(data))

@@ -34,14 +34,15 @@ def new_run_info(backend: Backend, plan: Plan) -> state.RunInfo:
 
 def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, out: TextIO) -> int:
     plan = request.plan
-    for note in request.notes:
-        out.write(f"note: {note}\n")
     info = new_run_info(backend, plan)
     work_dir = info.work_dir
     state_dir = state.runs_dir() / plan.run_id
     if state_dir.exists():
         raise BadInput(f"run id {plan.run_id} was used before (in {state_dir}); choose another")
-    for warning in backend.check(request):
+    warnings = backend.check(request)  # what the backend refuses is said once, as the error, without notes first
+    for note in request.notes:
+        out.write(f"note: {note}\n")
+    for warning in warnings:
         out.write(f"warning: {warning}\n")
     with held_interrupts() as interrupted:
         run = check_work_dir(work_dir, plan.run_id, {"run_id": plan.run_id, "backend": backend.name,
