@@ -85,6 +85,21 @@ def test_a_misspelt_key_in_a_set_path_is_reported_against_the_option(spec_file):
         "--set spec.cluster.spec.elastic.minNodes=2: spec.cluster.spec.elastic: missing required key 'maxNodes'"]
 
 
+def test_a_file_value_at_odds_with_an_option_names_both(spec_file):
+    """The elastic bounds come from the file, the node count from the option: the line is the file's, and the
+    option that made it wrong is named beside it; an option that did not take part is not."""
+    elastic = "\n      elastic: {minNodes: 2, maxNodes: 3}"
+    spec_file.write_text(SPEC.replace("worker: {replicas: 1}", "worker: {replicas: 1}" + elastic))
+    bounds = "spec.cluster.spec.elastic: the cluster starts {} (main + worker replicas), which must lie within " \
+             "minNodes..maxNodes (2..3)"
+    assert problems_with(spec_file, nodes=1, env=("X=1",)) == [
+        f"{spec_file}:14:16: {bounds.format('1 node')}; given --nodes 1 (main + workers)"]
+    assert problems_with(spec_file, sets=("spec.cluster.spec.worker.replicas=5", "spec.runtime.spec.args=[]")) == [
+        f"{spec_file}:14:16: {bounds.format('6 nodes')}; given --set spec.cluster.spec.worker.replicas=5"]
+    spec_file.write_text(SPEC.replace("worker: {replicas: 1}", "worker: {replicas: 3}" + elastic))
+    assert problems_with(spec_file, env=("X=1",)) == [f"{spec_file}:14:16: {bounds.format('4 nodes')}"]
+
+
 @pytest.mark.parametrize("item, message", [
     ("spec.cluster.spec.config.env[5].value=1", "spec.cluster.spec.config.env has 2 items; there is no item [5]"),
     ("spec.cluster.spec.config.env.name=X", "spec.cluster.spec.config.env is a list: pick an item by number, "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from launcher.errors import BadInput, SpecError
 from launcher.spec import model, schema, yamlsafe
-from launcher.spec.overrides import Overrides, option_for
+from launcher.spec.overrides import Overrides, option_for, options_touching
 from launcher.spec.overrides import apply as apply_overrides
 
 
@@ -45,7 +45,9 @@ def spec_from_located(located: yamlsafe.Located, label: str, source: Path | None
             lines.append((0, 0, f"{option}: {schema.format_path(problem.path)}: {problem.message}"))
             continue
         line, col = located.where(problem.path, key=problem.at_key)
-        lines.append((line, col, f"{label}:{line}:{col}: {schema.format_path(problem.path)}: {problem.message}"))
+        given = options_touching(problem.reads, changed)  # the file's value, at odds with an option's
+        also = f"; given {', '.join(given)}" if given else ""
+        lines.append((line, col, f"{label}:{line}:{col}: {schema.format_path(problem.path)}: {problem.message}{also}"))
     raise SpecError([text for _, _, text in sorted(lines, key=lambda item: item[:2])])
 
 

@@ -10,12 +10,13 @@ import json
 import os
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from launcher import node_names
 from launcher.spec.schema import Problem
+from launcher.wording import plural
 
 DEFAULT_NAME = "distributed"
 DEFAULT_RENDEZVOUS_TIMEOUT = 600
@@ -236,7 +237,7 @@ def problems(data: dict, invalid: Iterable[DataPath]) -> list[Problem]:
     found: list[Problem] = []
     for reads, rule in _RULES:
         if all(_intact(data, path, invalid) for path in reads):
-            found += rule(data)
+            found += [replace(problem, reads=reads) for problem in rule(data)]
     return found
 
 
@@ -296,7 +297,7 @@ def _elastic_bounds(data: dict) -> list[Problem]:
     total = sum(group.replicas for group in _groups(data))
     if elastic is None or elastic["minNodes"] <= total <= elastic["maxNodes"]:
         return []
-    return [Problem(CLUSTER + ("elastic",), f"the cluster starts {total} nodes (main + worker replicas), which must "
+    return [Problem(CLUSTER + ("elastic",), f"the cluster starts {plural(total, 'node')} (main + worker replicas), which must "
                     f"lie within minNodes..maxNodes ({elastic['minNodes']}..{elastic['maxNodes']})")]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from launcher.errors import BadInput
 from launcher.secrets_mask import MASK, looks_secret, mask, mask_argv
@@ -130,6 +130,14 @@ def option_for(path: DataPath, changed: dict[DataPath, str]) -> str | None:
         if path[:length] in changed:
             return changed[path[:length]]
     return None
+
+
+def options_touching(paths: Iterable[DataPath], changed: dict[DataPath, str]) -> list[str]:
+    """The options that set a value at, above or under any of ``paths``, in the order given."""
+    paths = [_as_text(path) for path in paths]
+    options = [option for done, option in changed.items()
+               if any(done[:len(path)] == path or path[:len(done)] == done for path in paths)]
+    return list(dict.fromkeys(options))
 
 
 def _as_text(path: DataPath) -> DataPath:

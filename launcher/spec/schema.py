@@ -23,6 +23,7 @@ class Problem:
     path: tuple
     message: str
     at_key: bool = False  # point at the key (unknown keys) rather than the value
+    reads: tuple = ()  # a cross-field problem's other values: an option that set one of them is named too
 
 
 def format_path(path: tuple) -> str:
