@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -45,5 +46,6 @@ def init(framework: str, directory: str, *, force: bool, name: str = "pytorch-dd
         except OSError as exc:
             raise BadInput(f"cannot write {target / rel}: {exc.strerror or exc}") from None
         print(f"wrote {target / rel}")
-    print(f"\nnext: cd {target} && launcher run -f train.yaml", file=sys.stderr)
+    enter = "" if target.resolve() == Path.cwd().resolve() else f"cd {shlex.quote(str(target))} && "
+    print(f"\nnext: {enter}launcher run -f train.yaml", file=sys.stderr)
     return 0

@@ -33,6 +33,14 @@ def test_init_writes_a_valid_spec_example_and_artifacts(tmp_path):
     assert "ElasticSampler" in (tmp_path / "train.py").read_text()
 
 
+def test_init_says_what_to_type_next_from_where_the_user_is(tmp_path):
+    elsewhere = run_cli("init", "--framework", "pytorch", "--dir", "my project", cwd=tmp_path)
+    assert elsewhere.stderr.endswith("next: cd 'my project' && launcher run -f train.yaml\n"), elsewhere.stderr
+    (tmp_path / "fresh").mkdir()
+    here = run_cli("init", "--framework", "pytorch", cwd=tmp_path / "fresh")
+    assert here.stderr.endswith("\nnext: launcher run -f train.yaml\n"), here.stderr
+
+
 def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path):
     (tmp_path / "train.py").write_text("my own work\n")
     done = run_cli("init", "--framework", "pytorch", "--dir", str(tmp_path))

@@ -110,7 +110,7 @@ def status(ref: str | None, *, as_json: bool) -> int:
         if rounds:
             history = "".join(f"\n  {line}" for line in grouped_history(rounds["history"]))
             print(f"round {rounds['round']}: members {', '.join(rounds['members']) or '-'}; "
-                  f"{rounds['restarts']} restarts{history}")
+                  f"{plural(rounds['restarts'], 'restart')}{history}")
         if data:
             print(f"data: epoch {data['epoch']}: {data['done']} of {data['shards']} shards done, "
                   f"{data['in_flight']} in flight, {data['left']} left (launcher data {info.run_id})")

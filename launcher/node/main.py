@@ -153,7 +153,7 @@ class Node:
                            **({} if number is None else {"round": number, "restarts": restarts,
                                                          "members": list(decision.ranks)}))
         role = "main" if decision.main == self.settings.node else "worker"
-        where = "" if number is None else f" in round {number} ({restarts} restarts so far)"
+        where = "" if number is None else f" in round {number} ({plural(restarts, 'restart')} so far)"
         self.say(f"{role}: node rank {self.rank} of {members}{where}; MASTER_ADDR={decision.master_addr} "
                  f"MASTER_PORT={decision.master_port}")
 
