@@ -297,8 +297,8 @@ def _elastic_bounds(data: dict) -> list[Problem]:
     total = sum(group.replicas for group in _groups(data))
     if elastic is None or elastic["minNodes"] <= total <= elastic["maxNodes"]:
         return []
-    return [Problem(CLUSTER + ("elastic",), f"the cluster starts {plural(total, 'node')} (main + worker replicas), which must "
-                    f"lie within minNodes..maxNodes ({elastic['minNodes']}..{elastic['maxNodes']})")]
+    return [Problem(CLUSTER + ("elastic",), f"the cluster starts {plural(total, 'node')} (main + worker replicas), "
+                    f"which must lie within minNodes..maxNodes ({elastic['minNodes']}..{elastic['maxNodes']})")]
 
 
 def _duration_limit(key: str, data: dict) -> list[Problem]:
