@@ -245,6 +245,7 @@ def test_a_real_run_records_every_phase_and_the_cli_shows_them(finished_run, tmp
     done = run_cli("timeline", run_id, "-o", str(tmp_path / "run.html"), env=env)
     assert done.returncode == 0, done.stderr
     table = done.stdout.splitlines()
+    assert table[0] == f"run {run_id}: seconds from submit (2 nodes)"
     assert table[1].split() == ["PHASE", "run", *nodes]
     row = next(line for line in table if line.startswith("torchrun started")).split()
     expected = [f"{min(e['at'] for e in said['phases'][node]['torchrun']) - said['submitted']:.2f}" for node in nodes]

@@ -11,6 +11,7 @@ from launcher.errors import EXIT_OK, BackendError, BadInput
 from launcher.node import events as node_events
 from launcher.runs import timeline as tl
 from launcher.runs.state import resolve_run
+from launcher.wording import plural
 
 PICTURES = (".html", ".htm", ".svg")
 RUN_COLUMN = "run"
@@ -30,7 +31,7 @@ def timeline(run_ref: str | None, *, output: str | None, as_json: bool) -> int:
         if not found.events:
             print(f"run {info.run_id}: nothing recorded yet")
             return EXIT_OK
-        print(f"run {info.run_id}: seconds from submit ({len(found.nodes)} nodes)")
+        print(f"run {info.run_id}: seconds from submit ({plural(len(found.nodes), 'node')})")
         print(_table(table_rows(found)))
         if output:
             print(f"picture: {output}")
