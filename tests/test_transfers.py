@@ -332,6 +332,33 @@ def test_a_restore_from_s3_makes_a_few_gets_per_object_whatever_its_size(s3_buck
     assert 1 < len(big) <= 8, big
 
 
+def test_making_the_transfer_client_is_not_silence_from_the_store(s3_bucket, monkeypatch, tmp_path):
+    """Making a store's transfer client (botocore's models, s3transfer's threads) asks nothing of the store, but on a
+    busy machine it took over the 2 s outage limit of the test below, and the download failed as 'no word from the
+    store for 3s' before it had sent a request. Made slower than the limit here, it must not count."""
+    from launcher.node import transfer
+    from launcher.node.outage import Outage
+
+    made = transfer.for_store
+
+    def slow_to_make(*args, **kwargs):
+        time.sleep(1.5)  # stands for the busy machine's slow start; nothing here waits on an event
+        return made(*args, **kwargs)
+
+    url = f"s3://{s3_bucket}/wd/r"
+    write_distinct(tmp_path / "up.pt", MiB)
+    monkeypatch.setattr(transfer, "for_store", slow_to_make)
+    said: list[str] = []
+    uploader = WorkDir(url, fresh_instance=True)
+    uploader.outage = Outage(1, said.append)
+    uploader.upload(str(tmp_path / "up.pt"), "outputs/a/up.pt")
+    downloader = WorkDir(url, fresh_instance=True)
+    downloader.outage = Outage(1, said.append)
+    assert downloader.download("outputs/a/up.pt", str(tmp_path / "down.pt"))
+    assert filecmp.cmp(tmp_path / "up.pt", tmp_path / "down.pt", shallow=False)
+    assert not any("unreachable" in line for line in said), said
+
+
 def test_a_transfer_that_moves_bytes_is_no_outage_however_long_it_takes(s3_bucket, s3_proxy, tmp_path):
     """A slow link, and the download cut once after it had moved bytes for longer than the outage limit: the clock
     counts from the last byte, not from the download's start ('unreachable for 427s' of a transfer that was

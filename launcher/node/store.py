@@ -343,9 +343,10 @@ class WorkDir:
         Returns the (size, mtime in ns) of the bytes uploaded: the file may have been replaced since."""
         from launcher.node.transfer import Watch
 
+        transfers = self._transfers()  # made before the request's outage clock starts: making it asks no store
         with open(local_path, "rb") as handle:
             stat = os.fstat(handle.fileno())
-            self._call_heard(f"upload {key}", lambda request: self._transfers().upload(
+            self._call_heard(f"upload {key}", lambda request: transfers.upload(
                 handle, self._path(key), Watch(request, progress)), key)
         return stat.st_size, stat.st_mtime_ns
 
@@ -354,8 +355,9 @@ class WorkDir:
         ``progress`` as for ``upload``."""
         from launcher.node.transfer import Watch, download_file
 
+        transfers = self._transfers()  # made before the request's outage clock starts: making it asks no store
         return self._call_heard(f"download {key}", lambda request: download_file(
-            self._transfers(), self._path(key), local_path, Watch(request, progress)), key)
+            transfers, self._path(key), local_path, Watch(request, progress)), key)
 
     def _transfers(self) -> Transfers:
         """Made on first use, once: only nodes that move files start s3transfer's threads or load the OCI SDK."""
