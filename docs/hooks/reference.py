@@ -59,6 +59,9 @@ def _value_text(node: Schema, root: Schema) -> str:
         return " | ".join(f"`{json.dumps(value)}`" for value in node["enum"])
     if "anyOf" in node:
         return " or ".join(_value_text(option, root) for option in node["anyOf"])
+    plain = [member for member in node.get("allOf", []) if "if" not in member]
+    if "type" not in node and len(plain) == 1:  # a group that adds keywords to a shared definition
+        return _value_text(plain[0], root)
     types = node.get("type", "")
     words = " or ".join(t for t in ([types] if isinstance(types, str) else types) if t != "null") or "any"
     low, high = node.get("minimum"), node.get("maximum")
@@ -67,12 +70,18 @@ def _value_text(node: Schema, root: Schema) -> str:
     if low is not None or high is not None:
         words += f" ({'' if low is None else low}..{'' if high is None else high})".replace(", ..", " up to ")
     if "pattern" in node:
-        words += f", matching `{node['pattern']}`"
+        words += f", matching {_literal_code(node['pattern'])}"
     if node.get("type") == "array" or "items" in node and isinstance(node.get("items"), dict):
         items = node.get("items")
         if isinstance(items, dict) and "properties" not in _resolve(items, root):
             words += f" of {_value_text(items, root)}"
     return words
+
+
+def _literal_code(text: str) -> str:
+    """``text`` as inline code that Markdown leaves alone: a table cell cannot hold a ``|`` in a code span, and
+    brackets, stars and backslashes of a regular expression would be read as links, emphasis and escapes."""
+    return "<code>" + "".join(c if c.isalnum() or c == " " else f"&#{ord(c)};" for c in text) + "</code>"
 
 
 def _cell(text: str) -> str:
