@@ -50,7 +50,8 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launcher", description="Declarative launcher for distributed PyTorch "
-                                     "training on local processes, Docker and OCI Data Science Jobs.")
+                                     "training: one YAML spec runs on local processes, Docker/compose, Slurm, "
+                                     "Kubernetes or OCI Data Science Jobs.")
     parser.add_argument("--version", action="version", version=f"launcher {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug output and tracebacks")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
