@@ -120,7 +120,7 @@ def svg(timeline: tl.Timeline, *, standalone: bool = True) -> str:
                'submit</text>')
     _axis(canvas)
     _lanes(canvas)
-    _attempt_bands(canvas)
+    _attempt_bands(canvas, spans)
     for span in spans:
         _segment(canvas, span)
     for event in timeline.events:
@@ -149,8 +149,9 @@ def _lanes(canvas: _Canvas) -> None:
                    f'<text x="{LEFT - 8}" y="{top + LANE / 2 + 4:.2f}" text-anchor="end">{escape(label)}</text></g>')
 
 
-def _attempt_bands(canvas: _Canvas) -> None:
-    """A run retried whole: each attempt's stretch of the run lane, from its start to its last event."""
+def _attempt_bands(canvas: _Canvas, spans: list[tl.Segment]) -> None:
+    """A run retried whole: each attempt's stretch of the run lane, from its start to its last event or the end of
+    its last node's stretch."""
     timeline = canvas.timeline
     if timeline.attempts < 2:
         return
@@ -159,7 +160,8 @@ def _attempt_bands(canvas: _Canvas) -> None:
         start = timeline.submitted if number == 1 else timeline.attempt_started(number)
         if start is None:
             continue
-        end = max((event.at for event in timeline.events if event.attempt == number), default=start)
+        end = max([start, *(event.at for event in timeline.events if event.attempt == number),
+                   *(span.end for span in spans if span.attempt == number)])
         ended = next((f"; ended: {event.detail}" for event in canvas.ends
                       if event.phase == tl.ATTEMPT_ENDED and event.attempt == number), "")
         start_s, end_s = timeline.seconds(start), timeline.seconds(end)
@@ -218,7 +220,7 @@ def _run_label(canvas: _Canvas, event: tl.Event, x: float) -> str:
     """A short word in the run's lane: r1 for round 1, ✕ for round ends, and so on."""
     words = {tl.ROUND_DECIDED: f"r{event.round}" if event.round is not None else "ranks", tl.SCALE: "scale",
              tl.CANCELLED: "cancel", tl.TRAINING_AGAIN: "again", tl.ATTEMPT: f"attempt {event.attempt}",
-             tl.LIMIT_REACHED: "limit"}
+             tl.LIMIT_REACHED: "limit", tl.SUBMITTED: "attempt 1" if canvas.timeline.attempts > 1 else ""}
     word = words.get(event.phase)
     if not word:
         return ""
