@@ -394,6 +394,22 @@ def test_a_run_retried_whole_shows_every_attempt_labelled_in_order_with_why_each
     assert [note.split(":")[0] for note in notes] == ["attempt 1 ended at 6.20 s", "attempt 2 ended at 16.20 s"]
 
 
+def test_a_recovering_runs_rows_name_the_attempt_and_the_round_and_why_a_round_ended():
+    from launcher.commands.timeline import row_label
+
+    events = [tl.Event(T0 + 1, "torchrun", "m", 0, attempt=2),
+              tl.Event(T0 + 2, tl.ROUND_ENDED, None, 0, attempt=2, detail="node m: lost: killed by SIGKILL"),
+              tl.Event(T0 + 3, tl.TRAINING_AGAIN, None, 1, attempt=2), tl.Event(T0 + 4, tl.RECORDED, "m", 1, attempt=2)]
+    found = tl.Timeline("r", T0, ["m"], events, T0 + 10, recovering=True, attempts=2)
+    assert [row_label(found, event) for event in events] == [
+        "torchrun started (attempt 2, round 0)", "round 0 ended (attempt 2)", "training again (attempt 2, round 1)",
+        "final status recorded (attempt 2)"]
+    assert table_rows(found)[2] == ["round 0 ended (attempt 2)", "2.00", "", "node m: lost: killed by SIGKILL"]
+    alone = tl.Timeline("r", T0, ["m"], events, T0 + 10, recovering=True)  # one attempt: rows as they always were
+    assert [row_label(alone, event) for event in events] == [
+        "torchrun started (round 0)", "round 0 ended", "training again (round 1)", "final status recorded"]
+
+
 def test_an_attempt_that_was_not_started_says_why_and_a_killed_node_lane_ends_at_the_next_attempt(tmp_path):
     from launcher.runs.attempts import Attempt, key
 
@@ -440,8 +456,8 @@ def test_a_real_run_retried_whole_shows_each_attempt_in_the_table_and_the_pictur
     each attempt's end with its cause, and the picture a band per attempt holding that attempt's stretches."""
     spec, env = project
     sim.dying["PyTorch-Distributed#2"] = "dies"
-    done = run_cli("run", "-f", str(spec), "--run-id", "tl-retry", "--set", "spec.cluster.spec.recovery={maxRestarts: 1}",
-                   "--", "--epochs", "2", env=env, timeout=600)
+    done = run_cli("run", "-f", str(spec), "--run-id", "tl-retry", "--set",
+                   "spec.cluster.spec.recovery={maxRestarts: 1}", "--", "--epochs", "2", env=env, timeout=600)
     assert done.returncode != 0 and "attempt 2 started" in done.stdout, done.stdout + done.stderr
     records = recorded_attempts(sim, "tl-retry")
     assert [(r["number"], r["started"]) for r in records] == [(2, True), (3, False)]
