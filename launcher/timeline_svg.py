@@ -270,11 +270,20 @@ def _end_notes(canvas: _Canvas) -> None:
         else:
             which = f"round {event.round}" + (f" of attempt {event.attempt}" if canvas.timeline.attempts > 1 else "")
         note = f"{which} ended at {canvas.timeline.seconds(event.at):.2f} s: {event.detail}"
-        shown = note if len(note) <= NOTE_CHARACTERS else note[:NOTE_CHARACTERS - 1] + "…"
+        shown = _shortened(note)
         canvas.add(f'<text class="end" x="{LEFT}" y="{top + index * 18:.2f}" data-ended="{event.phase}" '
                    f'data-attempt="{event.attempt}"' + (f' data-round="{event.round}"' if event.round is not None
                                                         else "") +
                    f'>{escape(shown)}<title>{escape(note)}</title></text>')
+
+
+def _shortened(note: str) -> str:
+    """``note`` cut to NOTE_CHARACTERS in its middle, keeping its last clause (``; retried as attempt 2 ...``):
+    what came of the end."""
+    if len(note) <= NOTE_CHARACTERS:
+        return note
+    tail = note[note.rfind("; "):][-(NOTE_CHARACTERS // 2):] if "; " in note else ""
+    return note[:NOTE_CHARACTERS - len(tail) - 1] + "…" + tail
 
 
 def html(timeline: tl.Timeline, table: Iterable[list[str]]) -> str:

@@ -503,3 +503,4 @@ def test_a_real_run_retried_whole_shows_each_attempt_in_the_table_and_the_pictur
     assert [(end["ended"], end["attempt"]) for end in page["ends"]] == [(tl.ATTEMPT_ENDED, "1"),
                                                                           (tl.ATTEMPT_ENDED, "2")]
     assert all(end["text"].startswith(f"attempt {end['attempt']} ended at ") for end in page["ends"])
+    assert page["ends"][0]["text"].endswith("; retried as attempt 2 (restart 1 of 1)")  # cut in the middle if long
