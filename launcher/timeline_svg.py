@@ -3,9 +3,11 @@
 Nodes are lanes over time (seconds from submit); each stretch of a lane is coloured by what the node was
 doing (:data:`launcher.runs.timeline.STATES`), and marks show each rank's first training line, deaths,
 replacements, nodes joining and leaving, rounds decided and ended, training starting again, scale
-requests and cancels. Nothing is fetched: no script, font or style sheet from elsewhere, so the file opens
-offline in any browser. Every drawn element carries what it stands for as data attributes (``data-node``,
-``data-state`` or ``data-phase``, ``data-t`` seconds), and the root its scale (``data-x0``, ``data-px-per-s``),
+requests and cancels. A run retried whole has a band per attempt in its run lane, each attempt's stretches
+and marks say which attempt they belong to, and why each round and attempt ended is written under the legend.
+Nothing is fetched: no script, font or style sheet from elsewhere, so the file opens offline in any browser.
+Every drawn element carries what it stands for as data attributes (``data-node``, ``data-state`` or
+``data-phase``, ``data-t`` seconds, ``data-attempt``), and the root its scale (``data-x0``, ``data-px-per-s``),
 so tools and tests can find each one.
 """
 
@@ -43,7 +45,8 @@ MARKS = {
     tl.RECORDED: ("#222222", "dot"),
     tl.ROUND_DECIDED: ("#555555", "line"), tl.ROUND_ENDED: ("#d62728", "line"),
     tl.TRAINING_AGAIN: ("#2ca02c", "line"), tl.SCALE: ("#ff7f0e", "line"), tl.CANCELLED: ("#000000", "line"),
-    tl.LIMIT_REACHED: ("#000000", "line"), tl.ATTEMPT: ("#9467bd", "line"), tl.SUBMITTED: ("#000000", "line"),
+    tl.LIMIT_REACHED: ("#000000", "line"), tl.ATTEMPT: ("#9467bd", "line"), tl.ATTEMPT_ENDED: ("#9467bd", "line"),
+    tl.SUBMITTED: ("#000000", "line"),
 }
 MARK_WORDS = {
     node_events.FIRST_LINE: "a rank's first training line", tl.DEATH: "death seen",
@@ -51,8 +54,11 @@ MARK_WORDS = {
     tl.LEAVES: "leaves (ends its round)",
     tl.RECORDED: "final status recorded", tl.ROUND_DECIDED: "round decided", tl.ROUND_ENDED: "round ended",
     tl.TRAINING_AGAIN: "training again", tl.SCALE: "scale requested", tl.CANCELLED: "cancel requested",
-    tl.LIMIT_REACHED: "maxRuntime reached", tl.ATTEMPT: "attempt started", tl.SUBMITTED: "submitted",
+    tl.LIMIT_REACHED: "maxRuntime reached", tl.ATTEMPT: "attempt started", tl.ATTEMPT_ENDED: "attempt ended",
+    tl.SUBMITTED: "submitted",
 }
+ATTEMPT_BANDS = ("#ece4f4", "#f7f2fb")  # the run lane's band of each attempt, alternating
+NOTE_CHARACTERS = 170  # a note on why a round or an attempt ended is cut to this (its title holds all of it)
 
 
 def nice_step(seconds: float) -> float:
@@ -79,7 +85,9 @@ class _Canvas:
         self.states = [state for state in tl.STATES if any(span.state == state for span in spans)]
         self.marks = [phase for phase in MARKS if any(_drawn(event) and event.phase == phase
                                                         for event in timeline.events)]
-        self.height = TOP + len(self.lanes) * (LANE + GAP) + 40 + 18 * ((len(self.states) + len(self.marks) + 2) // 3)
+        self.ends = [event for event in timeline.events if event.phase in tl.RUN_ENDS and event.node is None]
+        self.height = TOP + len(self.lanes) * (LANE + GAP) + 40 + 18 * ((len(self.states) + len(self.marks) + 2) // 3
+                                                                      + len(self.ends))
         self.parts: list[str] = []
         self.label_ends = [0.0, 0.0]  # where the last word in each of the run lane's two rows ends
 
@@ -112,11 +120,13 @@ def svg(timeline: tl.Timeline, *, standalone: bool = True) -> str:
                'submit</text>')
     _axis(canvas)
     _lanes(canvas)
+    _attempt_bands(canvas, spans)
     for span in spans:
         _segment(canvas, span)
     for event in timeline.events:
         _mark(canvas, event)
     _legend(canvas)
+    _end_notes(canvas)
     canvas.add("</svg>")
     return "\n".join(canvas.parts) + "\n"
 
@@ -139,6 +149,34 @@ def _lanes(canvas: _Canvas) -> None:
                    f'<text x="{LEFT - 8}" y="{top + LANE / 2 + 4:.2f}" text-anchor="end">{escape(label)}</text></g>')
 
 
+def _attempt_bands(canvas: _Canvas, spans: list[tl.Segment]) -> None:
+    """A run retried whole: each attempt's stretch of the run lane, from its start to its last event or the end of
+    its last node's stretch."""
+    timeline = canvas.timeline
+    if timeline.attempts < 2:
+        return
+    top = canvas.lane_top(None)
+    for number in range(1, timeline.attempts + 1):
+        start = timeline.submitted if number == 1 else timeline.attempt_started(number)
+        if start is None:
+            continue
+        end = max([start, *(event.at for event in timeline.events if event.attempt == number),
+                   *(span.end for span in spans if span.attempt == number)])
+        ended = next((f"; ended: {event.detail}" for event in canvas.ends
+                      if event.phase == tl.ATTEMPT_ENDED and event.attempt == number), "")
+        start_s, end_s = timeline.seconds(start), timeline.seconds(end)
+        canvas.add(f'<rect class="attempt" x="{canvas.x(start):.3f}" y="{top:.2f}" '
+                   f'width="{canvas.x(end) - canvas.x(start):.3f}" height="{LANE}" '
+                   f'fill="{ATTEMPT_BANDS[number % 2]}" data-attempt="{number}" data-t="{start_s:.6f}" '
+                   f'data-end="{end_s:.6f}"><title>attempt {number}: {start_s:.2f}-{end_s:.2f} s{escape(ended)}'
+                   '</title></rect>')
+
+
+def _attempt_words(timeline: tl.Timeline, attempt: int) -> str:
+    """``attempt 2, `` in a run retried whole, else nothing: what a title says first."""
+    return f"attempt {attempt}, " if timeline.attempts > 1 else ""
+
+
 def _segment(canvas: _Canvas, span: tl.Segment) -> None:
     top = canvas.lane_top(span.node) + 3
     x, end = canvas.x(span.start), canvas.x(span.end)
@@ -146,7 +184,8 @@ def _segment(canvas: _Canvas, span: tl.Segment) -> None:
     replacement = f" (replacement {span.incarnation})" if span.incarnation else ""
     canvas.add(f'<rect class="state" x="{x:.3f}" y="{top:.2f}" width="{end - x:.3f}" height="{LANE - 6}" '
                f'fill="{STATE_COLOURS[span.state]}" data-node="{escape(span.node)}" data-state="{span.state}" '
-               f'data-t="{start_s:.6f}" data-end="{end_s:.6f}"><title>{escape(span.node)}{replacement}: '
+               f'data-attempt="{span.attempt}" data-t="{start_s:.6f}" data-end="{end_s:.6f}"><title>'
+               f'{escape(span.node)}{replacement}: {_attempt_words(canvas.timeline, span.attempt)}'
                f'{STATE_WORDS[span.state]}, {start_s:.2f}-{end_s:.2f} s</title></rect>')
 
 
@@ -157,15 +196,18 @@ def _mark(canvas: _Canvas, event: tl.Event) -> None:
     x = canvas.x(event.at)
     seconds = canvas.timeline.seconds(event.at)
     where = f"round {event.round}: " if event.round is not None and canvas.timeline.recovering else ""
+    if event.phase not in (tl.ATTEMPT, tl.ATTEMPT_ENDED, tl.SUBMITTED):
+        where = _attempt_words(canvas.timeline, event.attempt) + where
     rank = f" (rank {event.rank})" if event.rank is not None else ""
     title = escape(f"{event.node or 'run'}: {where}{event.label}{rank} at {seconds:.2f} s"
                    + (f"; {event.detail}" if event.detail else ""))
     data = (f'data-phase="{event.phase}" data-node="{escape(event.node or "")}" data-t="{seconds:.6f}"'
+            f' data-attempt="{event.attempt}"'
             + (f' data-round="{event.round}"' if event.round is not None else "")
             + (f' data-rank="{event.rank}"' if event.rank is not None else ""))
     if shape == "line":  # the run's own: across every lane
         top, bottom = TOP - 4, canvas.lane_top(canvas.lanes[-1]) + LANE
-        dash = ' stroke-dasharray="4 3"' if event.phase in (tl.ROUND_DECIDED, tl.ROUND_ENDED) else ""
+        dash = ' stroke-dasharray="4 3"' if event.phase in (tl.ROUND_DECIDED, *tl.RUN_ENDS) else ""
         canvas.add(f'<g class="mark" {data}><line x1="{x:.3f}" y1="{top}" x2="{x:.3f}" y2="{bottom:.2f}" '
                    f'stroke="{colour}" stroke-width="1.5"{dash}/>{_run_label(canvas, event, x)}'
                    f'<title>{title}</title></g>')
@@ -178,7 +220,7 @@ def _run_label(canvas: _Canvas, event: tl.Event, x: float) -> str:
     """A short word in the run's lane: r1 for round 1, ✕ for round ends, and so on."""
     words = {tl.ROUND_DECIDED: f"r{event.round}" if event.round is not None else "ranks", tl.SCALE: "scale",
              tl.CANCELLED: "cancel", tl.TRAINING_AGAIN: "again", tl.ATTEMPT: f"attempt {event.attempt}",
-             tl.LIMIT_REACHED: "limit"}
+             tl.LIMIT_REACHED: "limit", tl.SUBMITTED: "attempt 1" if canvas.timeline.attempts > 1 else ""}
     word = words.get(event.phase)
     if not word:
         return ""
@@ -216,6 +258,32 @@ def _legend(canvas: _Canvas) -> None:
         x, y = LEFT + (index % 3) * 330, top + (index // 3) * 18
         canvas.add(f'<g class="legend" transform="translate({x},{y:.2f})">{drawn}'
                    f'<text x="20" y="0">{escape(words)}</text></g>')
+
+
+def _end_notes(canvas: _Canvas) -> None:
+    """Under the legend, a line for each round and attempt that ended: when, and why."""
+    entries = len(canvas.states) + len(canvas.marks)
+    top = canvas.lane_top(canvas.lanes[-1]) + LANE + 28 + 18 * ((entries + 2) // 3)
+    for index, event in enumerate(canvas.ends):
+        if event.phase == tl.ATTEMPT_ENDED:
+            which = f"attempt {event.attempt}"
+        else:
+            which = f"round {event.round}" + (f" of attempt {event.attempt}" if canvas.timeline.attempts > 1 else "")
+        note = f"{which} ended at {canvas.timeline.seconds(event.at):.2f} s: {event.detail}"
+        shown = _shortened(note)
+        canvas.add(f'<text class="end" x="{LEFT}" y="{top + index * 18:.2f}" data-ended="{event.phase}" '
+                   f'data-attempt="{event.attempt}"' + (f' data-round="{event.round}"' if event.round is not None
+                                                        else "") +
+                   f'>{escape(shown)}<title>{escape(note)}</title></text>')
+
+
+def _shortened(note: str) -> str:
+    """``note`` cut to NOTE_CHARACTERS in its middle, keeping its last clause (``; retried as attempt 2 ...``):
+    what came of the end."""
+    if len(note) <= NOTE_CHARACTERS:
+        return note
+    tail = note[note.rfind("; "):][-(NOTE_CHARACTERS // 2):] if "; " in note else ""
+    return note[:NOTE_CHARACTERS - len(tail) - 1] + "…" + tail
 
 
 def html(timeline: tl.Timeline, table: Iterable[list[str]]) -> str:

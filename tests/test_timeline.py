@@ -17,6 +17,7 @@ import pytest
 from clirun import run_id_from
 from cluster import write_spec
 from conftest import require, run_cli
+from test_oci import project, sim  # noqa: F401 - fixtures: the OCI simulation and the seed 004 project in it
 from launcher.commands.timeline import table_rows
 from launcher.node import events as node_events
 from launcher.node.events import EventLog
@@ -267,8 +268,12 @@ for (const g of document.querySelectorAll('[data-lane]')) out.lanes[g.dataset.la
 for (const e of document.querySelectorAll('[data-state]')) {
   const b = box(e);
   const hit = document.elementFromPoint((b.left + b.right) / 2, (b.top + b.bottom) / 2);
-  out.states.push({...b, node: e.dataset.node, state: e.dataset.state, hit: hit && hit.dataset.state || null});
+  out.states.push({...b, node: e.dataset.node, state: e.dataset.state, attempt: e.dataset.attempt,
+                   hit: hit && hit.dataset.state || null});
 }
+out.attempts = [...document.querySelectorAll('rect.attempt')].map(e => ({...box(e), attempt: e.dataset.attempt}));
+out.ends = [...document.querySelectorAll('[data-ended]')].map(e => ({ended: e.dataset.ended,
+  attempt: e.dataset.attempt, text: e.firstChild.textContent}));
 for (const e of document.querySelectorAll('[data-phase]'))
   out.marks.push({...box(e), node: e.dataset.node, phase: e.dataset.phase, rank: e.dataset.rank || null});
 const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out);
@@ -324,19 +329,178 @@ def test_a_browser_draws_lanes_and_marks_where_the_records_say(finished_run, tmp
         assert (end["left"] + end["right"]) / 2 == pytest.approx(x_of(phases["recorded"][0]["at"]), abs=1)
 
 
-def test_a_run_retried_whole_shows_every_attempt_on_the_same_lanes(tmp_path):
-    from launcher.runs.attempts import Attempt, key, namespace
+def retried_run(tmp_path: Path):
+    """A run of node m retried whole twice, each attempt 10 s after the one before: attempt 1 lost m at 6.2 s,
+    attempt 2 failed at 16.2 s, attempt 3 succeeded. Each attempt's records are in its own namespace; the attempt
+    records say how the one before ended, a second after it (attempt 3's start claim, later still)."""
+    from launcher.runs.attempts import Attempt, key, namespace, start_key
     from launcher.runs.state import RunInfo
 
-    info = RunInfo("r", "oci", str(tmp_path), ["m"], "", "", T0)
+    info = RunInfo("r", "oci", str(tmp_path), ["m"], "", "", T0, backend_ids={"recovery": {"maxRestarts": 2}})
     top = WorkDir(info.run_url)
     top.put("run.json", json.dumps({"created_at": T0}).encode())
-    top.put("events/m/000.0000.json", json.dumps(batch("m", 0, ("started", 1.0))).encode())
-    second = namespace(info.run_url, "r", 2)
-    top.put(key(2), Attempt(2, second, {"node": "m", "kind": "lost", "reason": "job run failed"}, True,
-                            restarts=1, at=T0 + 5.0).to_bytes())
-    WorkDir(second).put("events/m/000.0000.json", json.dumps(batch("m", 0, ("started", 6.0))).encode())
+    ends = {1: ("lost", "job run failed", 6.2), 2: ("failure", "rank 0: ValueError", 16.2), 3: ("succeeded", "", 26.2)}
+    for number, (kind, reason, ended) in ends.items():
+        store = top if number == 1 else WorkDir(namespace(info.run_url, "r", number))
+        offset = 10.0 * (number - 1)
+        store.put("events/m/000.0000.json", json.dumps(happy_node("m", offset, (0,))).encode())
+        state = "succeeded" if kind == "succeeded" else "failed"
+        store.put("status/m.json", json.dumps({"state": state, "updated_at": T0 + ended + 0.3}).encode())
+        if number > 1:
+            before = ends[number - 1]
+            top.put(key(number), Attempt(number, store.url, {"node": "m", "kind": before[0], "reason": before[1],
+                                                             "at": T0 + before[2]}, True, restarts=number - 1,
+                                         at=T0 + before[2] + 1.0).to_bytes())
+    top.put(start_key(3), json.dumps({"at": T0 + 17.5}).encode())  # attempt 3's start was claimed later
+    return info
+
+
+def test_a_run_retried_whole_shows_every_attempt_labelled_in_order_with_why_each_ended(tmp_path):
+    found = tl.read_timeline(retried_run(tmp_path))
+    assert (found.nodes, found.attempts) == (["m"], 3)
+    ran = [(e.phase, e.attempt, round(found.seconds(e.at), 3)) for e in found.events
+           if e.phase in (tl.SUBMITTED, tl.ATTEMPT, tl.ATTEMPT_ENDED, "started", tl.RECORDED)]
+    assert ran == [(tl.SUBMITTED, 1, 0.0), ("started", 1, 0.2), (tl.ATTEMPT_ENDED, 1, 6.2), (tl.RECORDED, 1, 6.5),
+                   (tl.ATTEMPT, 2, 7.2), ("started", 2, 10.2), (tl.ATTEMPT_ENDED, 2, 16.2), (tl.RECORDED, 2, 16.5),
+                   (tl.ATTEMPT, 3, 17.5), ("started", 3, 20.2), (tl.RECORDED, 3, 26.5)]
+    rows = table_rows(found)
+    assert rows[0] == ["PHASE", "run", "m", "CAUSE"]
+    labels = [row[0] for row in rows[1:]]
+    for attempt in (1, 2, 3):
+        mine = [label for label in labels if label.endswith(f"(attempt {attempt})")]
+        assert mine == [f"{phase} (attempt {attempt})" for phase in (
+            "process started", "registered", "ranks decided", "rank learned", "torchrun started",
+            "first training line", "last training line", "torchrun exited", "outputs synced",
+            "final status recorded")], labels
+    by_label = {row[0]: row[1:] for row in rows[1:]}
+    assert by_label["final status recorded (attempt 3)"] == ["", "26.50", ""]  # the run's real end
+    assert by_label["attempt 1 ended"] == [
+        "6.20", "", "node m: job run failed; retried as attempt 2 (restart 1 of 2)"]
+    assert by_label["attempt 2 ended"][0] == "16.20" and "rank 0: ValueError" in by_label["attempt 2 ended"][2]
+    assert labels.index("attempt 1 ended") < labels.index("attempt 2 started") < labels.index(
+        "process started (attempt 2)") < labels.index("attempt 2 ended") < labels.index("attempt 3 started")
+    spans = [(s.attempt, s.state, round(s.start - T0, 2), round(s.end - T0, 2)) for s in tl.segments(found)]
+    assert [span for span in spans if span[1] == tl.TRAINING] == [(1, tl.TRAINING, 3.0, 5.0),
+                                                                 (2, tl.TRAINING, 13.0, 15.0),
+                                                                 (3, tl.TRAINING, 23.0, 25.0)]
+    from launcher import timeline_svg
+
+    drawn = ElementTree.fromstring(timeline_svg.svg(found))
+    bands = [(e.get("data-attempt"), float(e.get("data-t")), float(e.get("data-end")))
+             for e in drawn.iter("{http://www.w3.org/2000/svg}rect") if e.get("class") == "attempt"]
+    assert bands == [("1", 0.0, 6.5), ("2", 7.2, 16.5), ("3", 17.5, 26.5)]
+    notes = ["".join(e.itertext()) for e in drawn.iter("{http://www.w3.org/2000/svg}text") if e.get("data-ended")]
+    assert notes[0].startswith("attempt 1 ended at 6.20 s: node m: job run failed; retried as attempt 2")
+    assert [note.split(":")[0] for note in notes] == ["attempt 1 ended at 6.20 s", "attempt 2 ended at 16.20 s"]
+
+
+def test_a_recovering_runs_rows_name_the_attempt_and_the_round_and_why_a_round_ended():
+    from launcher.commands.timeline import row_label
+
+    events = [tl.Event(T0 + 1, "torchrun", "m", 0, attempt=2),
+              tl.Event(T0 + 2, tl.ROUND_ENDED, None, 0, attempt=2, detail="node m: lost: killed by SIGKILL"),
+              tl.Event(T0 + 3, tl.TRAINING_AGAIN, None, 1, attempt=2), tl.Event(T0 + 4, tl.RECORDED, "m", 1, attempt=2)]
+    found = tl.Timeline("r", T0, ["m"], events, T0 + 10, recovering=True, attempts=2)
+    assert [row_label(found, event) for event in events] == [
+        "torchrun started (attempt 2, round 0)", "round 0 ended (attempt 2)", "training again (attempt 2, round 1)",
+        "final status recorded (attempt 2)"]
+    assert table_rows(found)[2] == ["round 0 ended (attempt 2)", "2.00", "", "node m: lost: killed by SIGKILL"]
+    alone = tl.Timeline("r", T0, ["m"], events, T0 + 10, recovering=True)  # one attempt: rows as they always were
+    assert [row_label(alone, event) for event in events] == [
+        "torchrun started (round 0)", "round 0 ended", "training again (round 1)", "final status recorded"]
+
+
+def test_an_attempt_that_was_not_started_says_why_and_a_killed_node_lane_ends_at_the_next_attempt(tmp_path):
+    from launcher.runs.attempts import Attempt, key
+
+    info = retried_run(tmp_path)
+    top = WorkDir(info.run_url)
+    (tmp_path / "r" / "status" / "m.json").unlink()  # attempt 1's node died without a word
+    top.put(key(4), Attempt(4, "", {}, False, 2, given_up="gave up after 2 of 2 restarts: node m",
+                            at=T0 + 30.0).to_bytes())
     found = tl.read_timeline(info)
-    assert found.nodes == ["m"]
-    assert [(e.phase, e.attempt, round(found.seconds(e.at), 3)) for e in found.events] == [
-        (tl.SUBMITTED, 1, 0.0), ("started", 1, 1.0), (tl.ATTEMPT, 2, 5.0), ("started", 2, 6.0)]
+    assert found.attempts == 3  # attempt 4 never ran
+    assert [(e.attempt, e.detail) for e in found.events if e.phase == tl.ATTEMPT_ENDED][-1] == (
+        3, "gave up after 2 of 2 restarts: node m")
+    first = [s for s in tl.segments(found) if s.attempt == 1]
+    assert (first[-1].state, first[-1].end) == (tl.RECORDING, T0 + 7.2)  # to attempt 2's start, not to the read
+
+
+
+# -- a real run retried whole: the OCI simulation's native retries ---------------------------------------------------
+
+VICTIM = "PyTorch-Distributed-worker-1"
+
+
+def cells_of(table: list[str]) -> list[dict[str, str]]:
+    """The rows of ``launcher timeline``'s table, each column's cell cut where the header's column begins."""
+    names, starts = table[0].split(), [0]
+    for name in names[1:]:
+        starts.append(table[0].index(f" {name}", starts[-1]) + 1)
+    bounds = list(zip(starts, starts[1:] + [None]))
+    return [{name: line[start:end].strip() for name, (start, end) in zip(names, bounds)} for line in table[1:]]
+
+
+def recorded_attempts(sim, run_id: str) -> list[dict]:
+    """The attempt records as the simulated object store holds them, read without launcher."""
+    prefix = f"launcher/{run_id}/attempts/"
+    found = [json.loads(body) for (_, _, name), (body, _) in sim.objects.items()
+             if name.startswith(prefix) and re.fullmatch(r"\d+\.json", name[len(prefix):])]
+    return sorted(found, key=lambda record: record["number"])
+
+
+@pytest.mark.slow
+def test_a_real_run_retried_whole_shows_each_attempt_in_the_table_and_the_picture(project, sim, tmp_path):
+    """Native OCI, maxRestarts 1: the replica of NODE_RANK 2 is killed at its first epoch in every attempt, so the
+    run is retried whole once and then gives up. The timeline has every attempt's rows, labelled and in order,
+    each attempt's end with its cause, and the picture a band per attempt holding that attempt's stretches."""
+    spec, env = project
+    sim.dying["PyTorch-Distributed#2"] = "dies"
+    done = run_cli("run", "-f", str(spec), "--run-id", "tl-retry", "--set",
+                   "spec.cluster.spec.recovery={maxRestarts: 1}", "--", "--epochs", "2", env=env, timeout=600)
+    assert done.returncode != 0 and "attempt 2 started" in done.stdout, done.stdout + done.stderr
+    records = recorded_attempts(sim, "tl-retry")
+    assert [(r["number"], r["started"]) for r in records] == [(2, True), (3, False)]
+
+    shown = json.loads(run_cli("timeline", "tl-retry", "--json", env=env).stdout)
+    assert shown["attempts"] == 2
+    ends = [event for event in shown["events"] if event["phase"] == tl.ATTEMPT_ENDED]
+    assert [event["attempt"] for event in ends] == [1, 2]
+    for event, record in zip(ends, records):
+        assert event["at"] == pytest.approx(record["cause"].get("at") or record["at"])
+    assert "retried as attempt 2 (restart 1 of 1)" in ends[0]["detail"] and VICTIM in ends[0]["detail"]
+    assert "exit code 137" in ends[0]["detail"]
+    assert ends[1]["detail"] == records[1]["given_up"] and ends[1]["detail"].startswith("gave up after 1 of 1")
+
+    done = run_cli("timeline", "tl-retry", "-o", str(tmp_path / "run.html"), env=env)
+    assert done.returncode == 0, done.stderr
+    rows = cells_of(done.stdout.splitlines()[1:-1])  # between the header line and the picture's name
+    assert list(rows[0])[-1] == "CAUSE"
+    labels = [row["PHASE"] for row in rows]
+    by_label = {row["PHASE"]: row for row in rows}
+    for attempt in (1, 2):
+        for phase in ("process started", "torchrun started", "first training line", "final status recorded"):
+            assert f"{phase} (attempt {attempt})" in labels, (attempt, labels)
+        assert labels.index(f"attempt {attempt} ended") > labels.index(f"torchrun started (attempt {attempt})")
+        assert by_label[f"attempt {attempt} ended"]["CAUSE"] == ends[attempt - 1]["detail"]
+        assert by_label[f"attempt {attempt} ended"]["run"] == f"{ends[attempt - 1]['seconds']:.2f}"
+    assert labels.index("attempt 1 ended") < labels.index("attempt 2 started") < labels.index(
+        "process started (attempt 2)")
+    times = [float(cell) for row in rows for column, cell in row.items() if column not in ("PHASE", "CAUSE") and cell]
+    last = max(float(cell) for column, cell in by_label["final status recorded (attempt 2)"].items()
+               if column not in ("PHASE", "CAUSE") and cell)
+    assert last == max(times)  # the table ends where the run did: attempt 2's final statuses
+
+    page = measured_in_chromium(tmp_path / "run.html", tmp_path)
+    bands = page["attempts"]
+    assert [band["attempt"] for band in bands] == ["1", "2"]
+    assert all(a["right"] <= b["left"] + 1 for a, b in zip(bands, bands[1:]))  # side by side on one time axis
+    run_lane = page["lanes"]["run"]
+    assert all(run_lane["top"] <= band["top"] and band["bottom"] <= run_lane["bottom"] for band in bands)
+    for band in bands:
+        mine = [state for state in page["states"] if state["attempt"] == band["attempt"]]
+        assert mine and all(band["left"] - 1 <= s["left"] and s["right"] <= band["right"] + 1 for s in mine), band
+    assert [(end["ended"], end["attempt"]) for end in page["ends"]] == [(tl.ATTEMPT_ENDED, "1"),
+                                                                          (tl.ATTEMPT_ENDED, "2")]
+    assert all(end["text"].startswith(f"attempt {end['attempt']} ended at ") for end in page["ends"])
+    assert page["ends"][0]["text"].endswith("; retried as attempt 2 (restart 1 of 1)")  # cut in the middle if long

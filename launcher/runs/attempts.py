@@ -69,13 +69,16 @@ class Attempt:
 
     def said(self, max_restarts: int) -> str:
         """How the attempt before it ended and what came of it, for summaries."""
-        ended = f"attempt {self.number - 1}: "
+        return f"attempt {self.number - 1}: {self.outcome(max_restarts)}"
+
+    def outcome(self, max_restarts: int) -> str:
+        """How the attempt before it ended and what came of it, without naming that attempt."""
         if not self.started:
-            return ended + str(self.given_up)
+            return str(self.given_up)
         cause = said(RoundEnd.from_record(self.cause))
         if self.error:
-            return f"{ended}{cause}; attempt {self.number} could not be started: {self.error}"
-        return f"{ended}{cause}; retried as attempt {self.number} (restart {self.restarts} of {max_restarts})"
+            return f"{cause}; attempt {self.number} could not be started: {self.error}"
+        return f"{cause}; retried as attempt {self.number} (restart {self.restarts} of {max_restarts})"
 
 
 def history(info: RunInfo, records: list[Attempt]) -> list[str]:
@@ -86,6 +89,11 @@ def history(info: RunInfo, records: list[Attempt]) -> list[str]:
 
 def key(number: int) -> str:
     return f"{PREFIX}/{number}.json"
+
+
+def start_key(number: int) -> str:
+    """The claim of the command that starts attempt ``number`` (``{"at": when}``)."""
+    return f"{PREFIX}/{number}.start.json"
 
 
 def namespace(run_url: str, run_id: str, number: int) -> str:

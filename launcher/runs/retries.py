@@ -150,7 +150,7 @@ def _start(top: WorkDir, engine: AttemptEngine, info: RunInfo, attempt: Attempt,
         return _recorded(top, replace(attempt, error="the run was cancelled before it started"))
     if not engine.ended(info, previous):  # still ending, or the engine cannot say now: a later look starts it
         return attempt
-    claim = f"{attempts.PREFIX}/{attempt.number}.start.json"
+    claim = attempts.start_key(attempt.number)
     if not top.create(claim, json.dumps({"at": time.time()}).encode()) and \
             time.time() - float(top.get_record(claim).get("at") or 0.0) < CLAIM_STALE_SECONDS:
         return attempt  # another command is starting it

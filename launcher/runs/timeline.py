@@ -5,7 +5,8 @@ the records that already hold their time: ``run.json`` (submitted), the status r
 and for a node that died without reporting, its death as its supervisor saw it), the round end records
 (deaths seen, rounds ended, nodes joining or leaving), the control markers (cancel, leave requests) and
 the scale requests. :func:`derive` is pure, so that what each record means is tested without a run;
-:func:`read_timeline` gathers the records, of every attempt of a run retried whole.
+:func:`read_timeline` gathers the records, of every attempt of a run retried whole, each event marked with its
+attempt, and the attempt records (``attempts/{n}.json``) for when and why each attempt before the last ended.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from launcher.node.store import WorkDir
 from launcher.runs.recovery import JOIN, LEAVE, LOST
 
 if TYPE_CHECKING:
+    from launcher.runs.attempts import Attempt
     from launcher.runs.state import RunInfo
 
 # Phases derived from records (the nodes' own are launcher.node.events').
 SUBMITTED = "submitted"  # the client wrote run.json, just before it started the nodes
-ATTEMPT = "attempt"  # a run retried whole: attempt n was started
+ATTEMPT = "attempt"  # a run retried whole: attempt n was started (its start claim)
+ATTEMPT_ENDED = "attempt-ended"  # a run retried whole: attempt n ended (its cause's time), and what came of it
 ROUND_DECIDED = "round-decided"  # the first node learned the decision of a round
 ROUND_ENDED = "round-ended"  # a round ended (run-level: the first end record; node-level: that node's)
 DEATH = "death"  # a node died without reporting, as its supervisor (or a reader) saw it
@@ -39,9 +42,10 @@ SCALE = "scale"  # `launcher scale` asked for a size
 CANCELLED = "cancel"  # `launcher cancel` (or an interrupt) asked every node to stop
 LIMIT_REACHED = "limit"  # the run reached its maxRuntime
 RECORDED = "recorded"  # the node's final status was written
+RUN_ENDS = (ROUND_ENDED, ATTEMPT_ENDED)  # run-level, with why it ended: the table and the picture write it out
 
 LABELS = {
-    SUBMITTED: "submitted", ATTEMPT: "attempt started", ROUND_DECIDED: "decided", ROUND_ENDED: "round ended",
+    SUBMITTED: "submitted", ROUND_DECIDED: "decided", ROUND_ENDED: "round ended",
     DEATH: "death seen", JOINS: "asks to join", LEAVE_ASKED: "asked to leave", LEAVES: "leaves",
     TRAINING_AGAIN: "training again",
     SCALE: "scale requested", CANCELLED: "cancel requested", LIMIT_REACHED: "maxRuntime reached",
@@ -68,6 +72,8 @@ class Event:
 
     @property
     def label(self) -> str:
+        if self.phase in (ATTEMPT, ATTEMPT_ENDED):
+            return f"attempt {self.attempt} {'started' if self.phase == ATTEMPT else 'ended'}"
         return LABELS.get(self.phase, self.phase)
 
 
@@ -94,6 +100,11 @@ class Timeline:
     events: list[Event]  # by time
     read_at: float  # when the records were read: where the lanes of nodes still running end
     recovering: bool = False  # trained in membership rounds
+    attempts: int = 1  # runs retried whole: the attempts that were started
+
+    def attempt_started(self, attempt: int) -> float | None:
+        """When ``attempt`` (2 or later) was started; None: the first, or one never started."""
+        return next((event.at for event in self.events if event.phase == ATTEMPT and event.attempt == attempt), None)
 
     def seconds(self, at: float) -> float:
         return at - self.submitted
@@ -103,7 +114,7 @@ class Timeline:
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "submitted_at": self.submitted, "nodes": self.nodes,
-                "recovering": self.recovering,
+                "recovering": self.recovering, "attempts": self.attempts,
                 "events": [{**asdict(event), "seconds": round(self.seconds(event.at), 6)} for event in self.events]}
 
 
@@ -296,9 +307,12 @@ def read_timeline(info: RunInfo) -> Timeline:
 
     top = reading_work_dir(info.run_url)
     found = derive(read_records(top))
+    max_restarts = int((info.backend_ids.get("recovery") or {}).get("maxRestarts", 0))
     for attempt in read_attempts(top):
+        found.append(Event(_attempt_end(attempt), ATTEMPT_ENDED, attempt=attempt.number - 1,
+                           detail=attempt.outcome(max_restarts)))
         if attempt.running:
-            found.append(Event(attempt.at, ATTEMPT, attempt=attempt.number,
+            found.append(Event(_attempt_start(top, attempt), ATTEMPT, attempt=attempt.number,
                                detail=f"after {attempt.cause.get('node')}: {attempt.cause.get('reason')}"))
             found += [event for event in derive(read_records(reading_work_dir(attempt.url)), attempt.number)
                       if event.phase != SUBMITTED]
@@ -307,7 +321,21 @@ def read_timeline(info: RunInfo) -> Timeline:
     named = [event.node for event in found if event.node]
     nodes = list(dict.fromkeys([*info.nodes, *named]))
     recovering = any(event.round is not None and event.phase == ROUND_DECIDED for event in found)
-    return Timeline(info.run_id, float(submitted), nodes, found, time.time(), recovering)
+    attempts = max((event.attempt for event in found if event.phase != ATTEMPT_ENDED), default=1)
+    return Timeline(info.run_id, float(submitted), nodes, found, time.time(), recovering, attempts)
+
+
+def _attempt_start(top: WorkDir, attempt: Attempt) -> float:
+    """When ``attempt`` was started: its start claim's time (made once the attempt before had ended everywhere),
+    else when a command took it on."""
+    from launcher.runs.attempts import start_key
+
+    return _time(top.get_record(start_key(attempt.number)).get("at")) or attempt.at
+
+
+def _attempt_end(attempt: Attempt) -> float:
+    """When the attempt before ``attempt`` ended: when its cause happened, else when a command saw it end."""
+    return _time(attempt.cause.get("at")) or attempt.at
 
 
 # What a node does between two of its events: the state each event begins.
@@ -336,23 +364,26 @@ class Segment:
     state: str
     start: float
     end: float
+    attempt: int = 1
 
 
 def segments(timeline: Timeline) -> list[Segment]:
     """Each node's states over time, one stretch per state, from its events: an incarnation's lane ends at its
-    death or final status, else at its next incarnation's start, else (still running) when the records were read."""
+    death or final status, else at its next incarnation's start, else at the next attempt's start, else (still
+    running) when the records were read."""
     found = []
     for node in timeline.nodes:
         mine = timeline.node_events(node)
-        incarnations = sorted({event.incarnation for event in mine})
-        for incarnation in incarnations:
-            chain = _transitions([event for event in mine if event.incarnation == incarnation])
-            later = [event.at for event in mine
-                     if event.phase == node_events.STARTED and event.incarnation > incarnation]
-            open_end = min(later) if later else timeline.read_at
+        for attempt, incarnation in sorted({(event.attempt, event.incarnation) for event in mine}):
+            chain = _transitions([event for event in mine
+                                  if (event.attempt, event.incarnation) == (attempt, incarnation)])
+            later = [event.at for event in mine if event.phase == node_events.STARTED
+                     and event.attempt == attempt and event.incarnation > incarnation]
+            next_attempt = timeline.attempt_started(attempt + 1)
+            open_end = min(later) if later else next_attempt if next_attempt is not None else timeline.read_at
             for (start, state), (end, _) in zip(chain, chain[1:] + [(open_end, None)]):
                 if state is not None and end > start:
-                    found.append(Segment(node, incarnation, state, start, end))
+                    found.append(Segment(node, incarnation, state, start, end, attempt))
     return found
 
 
