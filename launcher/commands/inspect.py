@@ -94,7 +94,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
         for name in info.nodes:
             record = {**view.statuses.get(name, {}), **({"state": "lost", **lost[name]} if name in lost else {})}
             rank = view.rank_of(name)
-            rows.append([name, "-" if rank is None else str(rank), record.get("state", "pending"),
+            rows.append([name, "-" if rank is None else str(rank),
+                         record.get("state", "not started" if view.never_started else "pending"),
                          "-" if record.get("exit_code") is None else str(record["exit_code"]),
                          _address(record), _devices(record.get("accelerators")),
                          _age(record.get("updated_at")), record.get("reason") or ""])
