@@ -168,15 +168,35 @@ def test_memory_or_gpus_the_partition_lacks_are_refused(tmp_path, launcher_home,
     assert not jobs_left(slurm)
 
 
-def test_processes_per_node_runs_on_cpu_where_the_partition_has_no_gpus(tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": 2}))
+@pytest.mark.parametrize("infra, where", [({}, "the default partition"), ({"partition": "debug"}, "partition debug")])
+def test_processes_per_node_runs_on_cpu_where_the_partition_has_no_gpus(tmp_path, launcher_home, slurm, infra, where):
+    spec = on_slurm(write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": 2}), **infra)
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "note: the default partition has no GPUs: the job asks for none, and each node runs its 2 training " \
-           "processes on CPU" in done.stderr, done.stderr
+    assert f"note: {where} has no GPUs: the job asks for none, and each node runs its 2 training processes on " \
+           "CPU" in done.stderr, done.stderr
     assert sorted(re.findall(r"rank (\d) of 4 local", done.stdout)) == ["0", "1", "2", "3"], done.stdout
     submitted = yaml.safe_load((launcher_home / "runs" / run_id_from(done.stdout) / "info.yaml").read_text())
     assert not [token for token in submitted["backend_ids"]["sbatch"] if token.startswith("--gpus")], submitted
+
+
+@pytest.mark.parametrize("infra", [{"partition": "nosuchpartition"}, {}])
+def test_where_sinfo_cannot_say_the_gpus_processes_per_node_asks_for_are_left_to_sbatch(tmp_path, launcher_home,
+                                                                                        slurm, infra):
+    """An unknown partition, or an sinfo that fails: the job asks for its GPUs, and sbatch says what it thinks."""
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    if not infra:
+        (fake / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: Unable to contact slurm controller' >&2\nexit 1\n")
+        (fake / "sinfo").chmod(0o755)
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2, extra_cluster={"processesPerNode": 2}), **infra)
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "has no GPUs" not in done.stderr
+    # the GPUs were asked for (sbatch checks them before the partition)
+    assert "sbatch failed (exit 1): sbatch: error: Invalid generic resource (gres) specification" in done.stderr, \
+        done.stderr
+    assert not jobs_left(slurm)
 
 
 def sbatch_in_front(tmp_path: Path, after_submitting: str) -> dict[str, str]:
