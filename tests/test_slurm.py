@@ -134,6 +134,8 @@ def test_sbatch_refusing_the_job_is_a_clear_error_and_nothing_runs(tmp_path, lau
     assert re.search(r"^run \S+ failed to start: sbatch failed \(exit 1\): sbatch: error: invalid partition "
                      r"specified: nosuchpartition", shown.stdout, re.M), shown.stdout
     assert re.search(r"^t-main\s+-\s+not started", shown.stdout, re.M) and "pending" not in shown.stdout, shown.stdout
+    said = json.loads(run_cli("status", info.parent.name, "--json").stdout)
+    assert said["result"] == "failed to start" and "invalid partition" in said["submission_error"], said
 
 
 def test_a_job_that_can_never_start_is_refused_in_seconds_with_slurms_reason(tmp_path, launcher_home, slurm):

@@ -81,7 +81,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
     data = _data(info)
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
-                   "result": view.result, "attempts": [asdict(attempt) for attempt in view.attempts],
+                   "result": view.result, "submission_error": info.submission_error or None,
+                   "attempts": [asdict(attempt) for attempt in view.attempts],
                    "rounds": rounds, "data": data,
                    "work_dir": info.run_url, "nodes": {n: _record(view, n) for n in info.nodes},
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
