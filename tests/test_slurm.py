@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,7 @@ def test_the_dry_run_is_exactly_what_the_job_ran(tmp_path, launcher_home, slurm)
 
 
 def test_a_job_that_waits_shows_why_and_fails_with_it_after_the_rendezvous_timeout(tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2, extra_cluster={"rendezvousTimeout": 6}),
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2, extra_cluster={"rendezvousTimeout": 15}),
                     sbatchOptions=["--hold"])
     watcher_env = dict(os.environ)
     started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
@@ -99,9 +100,11 @@ def test_a_job_that_waits_shows_why_and_fails_with_it_after_the_rendezvous_timeo
     assert f"Slurm job {job}: PENDING (JobHeldUser)" in shown, shown
     watcher = Watcher(run_id, watcher_env)
     code, output = watcher.finish(timeout=60)
-    assert code == 1, output
-    assert re.search(rf"Slurm job {job} waited \d+s for its nodes, longer than rendezvousTimeout \(6s\): "
+    assert code == 3, output  # the backend gave the run no nodes: no node failed
+    assert f"run {run_id} failed before any node started\n  cause: Slurm job {job} waited" in output, output
+    assert re.search(rf"Slurm job {job} waited \d+s for its nodes, longer than rendezvousTimeout \(15s\): "
                      r"PENDING \(JobHeldUser\)", output), output
+    assert " exited" not in output, output
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
 
 
@@ -109,8 +112,11 @@ def test_cancel_while_the_job_waits_leaves_nothing(tmp_path, launcher_home, slur
     spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2), sbatchOptions=["--hold"])
     started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
     run_id = run_id_from(started.stdout)
+    job = job_of(launcher_home, run_id)
     cancelled = run_cli("cancel", run_id, timeout=60)
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert f"ended at once: Slurm job {job} (it still waited for nodes)" in cancelled.stdout, cancelled.stdout
+    assert "did not stop" not in cancelled.stdout  # nothing was given the grace period: nothing ran
     assert not jobs_left(slurm)
     assert json.loads(run_cli("status", run_id, "--json").stdout)["result"] == "cancelled"
 
@@ -123,6 +129,75 @@ def test_sbatch_refusing_the_job_is_a_clear_error_and_nothing_runs(tmp_path, lau
     assert "Batch job submission failed: Invalid partition name specified" in done.stderr, done.stderr
     (info,) = (launcher_home / "runs").glob("*/info.yaml")
     assert yaml.safe_load(info.read_text())["submission"] == "failed"
+    assert not jobs_left(slurm)
+    shown = run_cli("status", info.parent.name)  # Slurm's words kept, not two nodes pending with no reason
+    assert re.search(r"^run \S+ failed to start: sbatch failed \(exit 1\): sbatch: error: invalid partition "
+                     r"specified: nosuchpartition", shown.stdout, re.M), shown.stdout
+    assert re.search(r"^t-main\s+-\s+not started", shown.stdout, re.M) and "pending" not in shown.stdout, shown.stdout
+    said = json.loads(run_cli("status", info.parent.name, "--json").stdout)
+    assert said["result"] == "failed to start" and "invalid partition" in said["submission_error"], said
+
+
+def test_a_job_that_can_never_start_is_refused_in_seconds_with_slurms_reason(tmp_path, launcher_home, slurm):
+    partition = slurm.command("scontrol", "-o", "show", "partition", "debug").stdout
+    too_many = int(re.search(r"TotalNodes=(\d+)", partition)[1]) + 1
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2))
+    started = time.monotonic()
+    done = run_cli("run", "-f", str(spec), "--nodes", str(too_many), cwd=tmp_path, timeout=120)
+    took = time.monotonic() - started
+    output = done.stdout + done.stderr
+    assert done.returncode == 3, output
+    run_id = run_id_from(done.stdout)
+    job = job_of(launcher_home, run_id)
+    # Slurm 22.05 says PartitionConfig for more nodes than the partition has, PartitionNodeLimit past its MaxNodes
+    assert re.search(rf"run {run_id} failed before any node started\n  cause: Slurm job {job} can never start as "
+                     r"submitted: PENDING \(Partition(Config|NodeLimit)\)", output), output
+    assert " exited" not in output, output  # no node is blamed: none ran
+    assert took < 30, took  # the spec's rendezvousTimeout is 600 s: not waited for
+    assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+    assert f"Slurm job {job}: CANCELLED" in run_cli("status", run_id).stdout
+
+
+@pytest.mark.parametrize("infra, said", [
+    ({"memory": "4096G"}, "sbatch failed (exit 1)"),  # no node of the partition has that much
+    ({"gpusPerNode": 1}, "the job asks for GPUs this cluster does not have"),  # asked for explicitly: refused
+])
+def test_memory_or_gpus_the_partition_lacks_are_refused(tmp_path, launcher_home, slurm, infra, said):
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2), **infra)
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert said in done.stderr, done.stderr
+    assert not jobs_left(slurm)
+
+
+@pytest.mark.parametrize("infra, where", [({}, "the default partition"), ({"partition": "debug"}, "partition debug")])
+def test_processes_per_node_runs_on_cpu_where_the_partition_has_no_gpus(tmp_path, launcher_home, slurm, infra, where):
+    spec = on_slurm(write_spec(tmp_path, REPORT, nodes=2, extra_cluster={"processesPerNode": 2}), **infra)
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"note: {where} has no GPUs: the job asks for none, and each node runs its 2 training processes on " \
+           "CPU" in done.stderr, done.stderr
+    assert sorted(re.findall(r"rank (\d) of 4 local", done.stdout)) == ["0", "1", "2", "3"], done.stdout
+    submitted = yaml.safe_load((launcher_home / "runs" / run_id_from(done.stdout) / "info.yaml").read_text())
+    assert not [token for token in submitted["backend_ids"]["sbatch"] if token.startswith("--gpus")], submitted
+
+
+@pytest.mark.parametrize("infra", [{"partition": "nosuchpartition"}, {}])
+def test_where_sinfo_cannot_say_the_gpus_processes_per_node_asks_for_are_left_to_sbatch(tmp_path, launcher_home,
+                                                                                        slurm, infra):
+    """An unknown partition, or an sinfo that fails: the job asks for its GPUs, and sbatch says what it thinks."""
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    if not infra:
+        (fake / "sinfo").write_text("#!/bin/sh\necho 'sinfo: error: Unable to contact slurm controller' >&2\nexit 1\n")
+        (fake / "sinfo").chmod(0o755)
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2, extra_cluster={"processesPerNode": 2}), **infra)
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "has no GPUs" not in done.stderr
+    # the GPUs were asked for (sbatch checks them before the partition)
+    assert "sbatch failed (exit 1): sbatch: error: Invalid generic resource (gres) specification" in done.stderr, \
+        done.stderr
     assert not jobs_left(slurm)
 
 

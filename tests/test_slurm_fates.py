@@ -115,3 +115,12 @@ def test_a_job_that_failed_because_a_node_was_lost_in_it_says_the_run_went_on(lo
     assert SlurmBackend().engine_state(info) == (
         "Slurm job 13: FAILED on n[1-2] (NonZeroExitCode), where t-worker-1 was lost and the run went on; "
         "Slurm job 14: COMPLETED on n3 (t-worker-1, started again)")
+
+
+@pytest.mark.parametrize("state, reason, never", [
+    ("PENDING", "PartitionNodeLimit", True), ("PENDING", "PartitionConfig", True), ("PENDING", "InvalidQOS", True),
+    ("PENDING", "Resources", False), ("PENDING", "ReqNodeNotAvail", False), ("PENDING", "JobHeldUser", False),
+    ("RUNNING", "PartitionConfig", False),  # it started after all (a configuration changed for it)
+])
+def test_only_a_pending_reason_that_cannot_clear_means_the_job_never_starts(state, reason, never):
+    assert Job("7", state, reason, "", None, None).never_starts is never

@@ -87,6 +87,13 @@ def test_wrong_type_reports_file_line_column_path_and_rule(tmp_path):
         f"{path}:14:19: spec.cluster.spec.worker.replicas: must be an integer from 0 to 1023 (got -1)"]
 
 
+@pytest.mark.parametrize("written, got", [('"2"', "string '2'"), ("2", "2"), ("1.5", "number 1.5")])
+def test_the_mains_replicas_get_one_message_its_own_rule(tmp_path, written, got):
+    path = write(tmp_path, VALID.replace("replicas: 1", f"replicas: {written}"))
+    assert problems_of(path) == [
+        f"{path}:12:19: spec.cluster.spec.main.replicas: must be an integer equal to 1 (got {got})"]
+
+
 def test_unknown_key_gets_did_you_mean_at_the_key(tmp_path):
     path = write(tmp_path, VALID.replace("        replicas: 2", "        replica: 2"))
     assert problems_of(path) == [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from launcher.backends import backend_for
 from launcher.errors import EXIT_OK
 from launcher.node.control import request_cancel
@@ -20,8 +22,17 @@ def cancel(ref: str | None, *, grace: float) -> int:
         return EXIT_OK
     request_cancel(open_run(info))
     print(f"run {info.run_id}: cancel requested; nodes stop within seconds (forced after {grace:g}s)")
+    asked = time.monotonic()
     forced = backend.stop(info, grace)
     if forced:
-        print(f"forced: {', '.join(forced)} did not stop in {grace:g}s and were killed")
+        print(_forced_line(forced, grace, waited=time.monotonic() - asked))
     print(f"run {info.run_id}: {read_view(info).result}")
     return EXIT_OK
+
+
+def _forced_line(forced: list[str], grace: float, *, waited: float) -> str:
+    """What the backend ended itself: after the grace period, or at once where nothing could stop on its own (a
+    Slurm job that still waited for nodes)."""
+    if waited < grace:
+        return f"ended at once: {', '.join(forced)}"
+    return f"forced: {', '.join(forced)} did not stop in {grace:g}s and {'was' if len(forced) == 1 else 'were'} killed"

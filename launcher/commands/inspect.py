@@ -81,7 +81,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
     data = _data(info)
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
-                   "result": view.result, "attempts": [asdict(attempt) for attempt in view.attempts],
+                   "result": view.result, "submission_error": info.submission_error or None,
+                   "attempts": [asdict(attempt) for attempt in view.attempts],
                    "rounds": rounds, "data": data,
                    "work_dir": info.run_url, "nodes": {n: _record(view, n) for n in info.nodes},
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
@@ -94,7 +95,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
         for name in info.nodes:
             record = {**view.statuses.get(name, {}), **({"state": "lost", **lost[name]} if name in lost else {})}
             rank = view.rank_of(name)
-            rows.append([name, "-" if rank is None else str(rank), record.get("state", "pending"),
+            rows.append([name, "-" if rank is None else str(rank),
+                         record.get("state", "not started" if view.never_started else "pending"),
                          "-" if record.get("exit_code") is None else str(record["exit_code"]),
                          _address(record), _devices(record.get("accelerators")),
                          _age(record.get("updated_at")), record.get("reason") or ""])

@@ -37,6 +37,7 @@ class RunInfo:
     created_at: float
     processes_per_node: int | str = 1  # a number, or "auto" (each node decides; the decision records it)
     submission: str = "submitted"  # submitting | submitted | failed: how far `run` got
+    submission_error: str = ""  # why `run` failed to start it (the backend's refusal, as it was shown)
     overrides: list[str] = field(default_factory=list)  # command-line options that changed the spec
     effective_spec: dict[str, Any] = field(default_factory=dict)  # the spec as run, secrets masked
     backend_ids: dict[str, Any] = field(default_factory=dict)

@@ -55,6 +55,9 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
         try:
             info.backend_ids = backend.schedule(request, str(state_dir))
             info.submission = "submitted"
+        except Exception as exc:  # kept for status: the run shows why it never started, not nodes pending
+            info.submission_error = str(exc)
+            raise
         finally:
             if info.submission != "submitted":
                 info.submission = "failed"

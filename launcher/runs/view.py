@@ -99,6 +99,12 @@ class RunView:
             return "cancelled"
         return "failed" if "failed" in states or self.lost else "cancelled"
 
+    @property
+    def failed_before_start(self) -> bool:
+        """The run failed before any node started: the backend could not give it its nodes (a Slurm job that can
+        never start, or waited too long), so no node is to blame."""
+        return self.result == "failed" and bool((self.root_failure() or {}).get("before_start"))
+
     def rank_of(self, node: str) -> int | None:
         """The node's rank now: none for a node that left the run (scaled down) or was lost while it went on, whose
         last rank another node may hold since."""
@@ -241,6 +247,8 @@ def _result_line(view: RunView) -> str:
         if root is None:
             limit = f": {view.limit['reason']}; every node was stopped" if view.limit else ""
             return f"run {run_id} failed{limit}"
+        if view.failed_before_start:
+            return f"run {run_id} failed before any node started\n  cause: {root.get('reason')}"
         line = f"run {run_id} failed: {_exited(root.get('stopped_by') or root)}\n  cause: {root.get('reason')}"
         line += "".join(f"\n  {earlier}" for earlier in _rounds(root))
         tail = "".join(f"\n  | {text}" for text in root.get("last_output") or [])
@@ -256,6 +264,8 @@ def _result_line(view: RunView) -> str:
         return line
     if result == "succeeded":
         return f"run {run_id} succeeded; outputs are in {current_url(view.info)}/outputs/"
+    if result == "failed to start" and view.info.submission_error:
+        return f"run {run_id} failed to start: {view.info.submission_error}"
     if result == "cancelled" and view.cancel:
         return f"run {run_id} cancelled: {view.cancel.get('reason', 'by user')}"
     return f"run {run_id} {result}"

@@ -59,10 +59,28 @@ def check(data: Any) -> list[Problem]:
         return [framework]
     if _conforms(data):
         return []
+    errors = list(jsonschema_validator().iter_errors(data))
     problems: list[Problem] = []
-    for error in jsonschema_validator().iter_errors(data):
-        problems.extend(_describe(error))
+    for index, error in enumerate(errors):
+        if not _said_otherwise(index, errors):
+            problems.extend(_describe(error))
     return list(dict.fromkeys(problems))
+
+
+_VALUE_RULES = ("type", "minimum", "maximum", "exclusiveMinimum", "minLength")
+
+
+def _said_otherwise(index: int, errors: list) -> bool:
+    """One message per value that breaks several rules: its own schema's (the main group's replicas: exactly 1),
+    not also the wider one it extends through allOf (a node group's 0 to 1023), which would disagree; and of its
+    own schema's rules the first (an integer's type, not also its bound)."""
+    def rank(position: int) -> tuple[int, int]:
+        return list(errors[position].absolute_schema_path).count("allOf"), position
+
+    error = errors[index]
+    return error.validator in _VALUE_RULES and any(
+        other.validator in _VALUE_RULES and other.absolute_path == error.absolute_path and rank(position) < rank(index)
+        for position, other in enumerate(errors))
 
 
 def _conforms(data: Any) -> bool:
@@ -96,7 +114,7 @@ def _describe(error: Any) -> Iterator[Problem]:
         missing = [name for name in error.validator_value if name not in error.instance]
         for name in missing:
             yield Problem(path, f"missing required key '{name}'")
-    elif kind in ("type", "minimum", "maximum", "exclusiveMinimum", "minLength"):
+    elif kind in _VALUE_RULES:
         got = _type_name(error.instance) if kind == "type" else repr(error.instance)
         yield Problem(path, f"must be {expected(schema)} (got {got})")
     elif kind in ("enum", "const"):

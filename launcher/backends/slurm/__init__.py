@@ -4,8 +4,9 @@ this machine; they meet in the work dir as on every backend.
 
 The controller's view sits beside the work dir's: a job that waits shows Slurm's reason, one that ended
 without its nodes reporting (TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, CANCELLED from outside, PREEMPTED) gives
-its state as the nodes' cause. A job that waits longer than the spec's rendezvousTimeout is cancelled by
-whichever command sees it (run following it, watch, status), with Slurm's reason as the run's failure.
+its state as the nodes' cause. A job that can never start (a final pending reason, such as more nodes than its
+partition has) or that waits longer than the spec's rendezvousTimeout is cancelled by whichever command sees it
+(run following it, watch, status), with Slurm's reason as the run's failure, before any node started.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
-from launcher.backends.slurm.batch import (attempt_argv, batch_script, gpus_per_node, infra_of, job_name,
-                                           one_node_argv, own_option_clashes, python_of, sbatch_argv)
+from launcher.backends.slurm.batch import (asked_partition, attempt_argv, batch_script, gpus_per_node, infra_of,
+                                           job_name, one_node_argv, own_option_clashes, python_of, sbatch_argv)
 from launcher.backends.slurm.engine import Job
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
@@ -34,7 +35,7 @@ from launcher.workdirs import resolve_local, scheme
 STOP_POLL_SECONDS = 0.5  # while cancel waits for the nodes to end on their own: the controller has no events
 JOB_ANSWER_SECONDS = 1.0  # how long one answer of the controller serves (the fates and the engine's line of a look)
 INCARNATIONS = "slurm/incarnations"  # lost nodes and the one-node jobs that started them again (runs.incarnations)
-GAVE_UP_FILE = "slurm-{job}.gave-up.txt"  # in the run's state dir: why launcher cancelled a job that waited too long
+GAVE_UP_FILE = "slurm-{job}.gave-up.txt"  # in the run's state dir: why launcher cancelled a job that waited
 BATCH_SCRIPT_FILE = "slurm-batch.sh"  # in the run's state dir: the batch script as submitted (mode 0600)
 
 
@@ -85,8 +86,8 @@ class SlurmBackend(Backend):
         request = super().dryrun(spec, run_id=run_id, resume_from=resume_from)
         gpus = gpus_per_node(spec)
         if gpus and infra_of(spec).gpus_per_node is None:
-            note = (f"processesPerNode: {gpus} asks Slurm for {gpus} GPUs per node (--gpus-per-node={gpus}); on a "
-                    "cluster without GPUs set infrastructure.spec.gpusPerNode: 0")
+            note = (f"processesPerNode: {gpus} asks Slurm for {gpus} GPUs per node (--gpus-per-node={gpus}) where the "
+                    "partition has GPUs; on one without, the job asks for none and the processes run on CPU")
             return replace(request, notes=request.notes + (note,))
         return request
 
@@ -114,14 +115,38 @@ class SlurmBackend(Backend):
         # again after the controller has forgotten the job.
         script_path = os.path.join(state_dir, BATCH_SCRIPT_FILE)
         atomic_write(script_path, request.body["script"].encode(), mode=0o600)
-        job_id, overcome = engine.submitted(request.body["argv"], request.body["script"])
+        argv = self._gpus_the_partition_has(dryrun.plan.spec, request.body["argv"])
+        job_id, overcome = engine.submitted(argv, request.body["script"])
         if overcome:
             print(f"note: {overcome}", file=sys.stderr)
         recovery = dryrun.plan.nodes[0].env.get("LAUNCHER_RECOVERY")
-        return {"job_id": job_id, "submitted_at": time.time(), "sbatch": request.body["argv"],
+        return {"job_id": job_id, "submitted_at": time.time(), "sbatch": argv,
                 "groups": dryrun.plan.spec.cluster.group_sizes,
                 "pending_limit": dryrun.plan.spec.cluster.rendezvous_timeout,
                 **({"recovery": json.loads(recovery)} if recovery else {})}
+
+    @staticmethod
+    def _gpus_the_partition_has(spec: Spec, argv: list[str]) -> list[str]:
+        """``argv`` without the GPUs a number in processesPerNode asked for, where the partition has none: the
+        spec did not ask for GPUs itself (gpusPerNode), so its processes run on CPU there instead of the job being
+        refused. Where the controller cannot say, sbatch decides."""
+        from launcher.backends.slurm import engine
+
+        gpus = gpus_per_node(spec)
+        if not gpus or infra_of(spec).gpus_per_node is not None:
+            return argv
+        partition = asked_partition(argv)
+        try:
+            if engine.most_gpus(partition) != 0:
+                return argv
+        except BackendError:
+            return argv
+        where = f"partition {partition}" if partition else "the default partition"
+        print(f"note: {where} has no GPUs: the job asks for none, and each node runs its {gpus} training processes "
+              f"on CPU (processesPerNode: {gpus}; infrastructure.spec.gpusPerNode asks for GPUs regardless)",
+              file=sys.stderr)
+        own = argv.index(f"--gpus-per-node={gpus}")  # launcher's, before any of sbatchOptions
+        return argv[:own] + argv[own + 1:]
 
     def scope(self, info: RunInfo, units: dict[str, str] | None = None, store: WorkDir | None = None,
               started_at: float | None = None) -> Scope:
@@ -186,7 +211,7 @@ class SlurmBackend(Backend):
         if jobs is None:
             return None
         batch = jobs.get(scope.batch)
-        if batch is not None and batch.waiting and self._waited_too_long(info, scope, batch):
+        if batch is not None and batch.waiting and self._gave_up_waiting(info, scope, batch):
             return {}  # cancelled just now; the next look sees the job's end
         if batch is not None and batch.ended_by_slurm:
             self._record_engine_end(info, scope, batch)
@@ -218,8 +243,9 @@ class SlurmBackend(Backend):
                 return NodeFate(False, status.get("exit_code"), status.get("reason"), console, status.get("ended_at"))
             return NodeFate(True, console_log=console)
         gave_up = self._gave_up(info, job_id) if batch else None
-        return NodeFate(False, None if gave_up else job.exit_code, gave_up or f"Slurm: job {job_id} {job.describe()}",
-                        console, job.end_time)
+        if gave_up:  # no node ran: the job's end (whole seconds, and Slurm's own clock) must not come before the
+            return NodeFate(False, None, gave_up, console)  # reason launcher recorded for the run
+        return NodeFate(False, job.exit_code, f"Slurm: job {job_id} {job.describe()}", console, job.end_time)
 
     def _removed(self, info: RunInfo, job: Job, fates: dict[str, NodeFate],
                  units: dict[str, str]) -> dict[str, NodeFate]:
@@ -313,18 +339,23 @@ class SlurmBackend(Backend):
             added[name] = self.one_node_job(info, name, name, {"name": name, "groups": groups})
         return list(add)
 
-    def _waited_too_long(self, info: RunInfo, scope: Scope, job: Job) -> bool:
-        """A job that has waited past the run's limit is cancelled, its reason recorded as the run's failure."""
+    def _gave_up_waiting(self, info: RunInfo, scope: Scope, job: Job) -> bool:
+        """A job that can never start (Slurm's reason for its wait is final), or that has waited past the run's limit,
+        is cancelled, its reason recorded as the run's failure: one no node caused, since none ran."""
         from launcher.backends.slurm import engine
         from launcher.node.control import record_failure
 
         waited = time.time() - (scope.started_at or time.time())
         limit = float(info.backend_ids.get("pending_limit") or 0)
-        if not limit or waited < limit:
+        if job.never_starts:
+            reason = (f"Slurm job {job.job_id} can never start as submitted: {job.describe()}; launcher cancelled it "
+                      f"after {waited:.0f}s")
+        elif limit and waited >= limit:
+            reason = (f"Slurm job {job.job_id} waited {waited:.0f}s for its nodes, longer than rendezvousTimeout "
+                      f"({limit:g}s): {job.describe()}")
+        else:
             return False
-        reason = (f"Slurm job {job.job_id} waited {waited:.0f}s for its nodes, longer than rendezvousTimeout "
-                  f"({limit:g}s): {job.describe()}")
-        record_failure(scope.store or WorkDir(info.run_url), info.nodes[0], None, None, reason)
+        record_failure(scope.store or WorkDir(info.run_url), info.nodes[0], None, None, reason, {"before_start": True})
         atomic_write(info.state_dir / GAVE_UP_FILE.format(job=job.job_id), reason.encode())
         engine.cancel([job.job_id])
         return True
@@ -352,7 +383,7 @@ class SlurmBackend(Backend):
 
     @staticmethod
     def _gave_up(info: RunInfo, job_id: str) -> str | None:
-        """Why launcher cancelled the job that waited too long, where it did (the job then reads CANCELLED)."""
+        """Why launcher cancelled the job while it waited, where it did (the job then reads CANCELLED)."""
         try:
             return (info.state_dir / GAVE_UP_FILE.format(job=job_id)).read_text()
         except OSError:
@@ -440,5 +471,6 @@ class SlurmBackend(Backend):
                 return []
             if all(job.waiting for job in active) or time.monotonic() >= deadline:
                 engine.cancel([job.job_id for job in active])
-                return [f"Slurm job {job.job_id}" for job in active]
+                return [f"Slurm job {job.job_id}" + (" (it still waited for nodes)" if job.waiting else "")
+                        for job in active]
             time.sleep(STOP_POLL_SECONDS)  # the controller offers nothing to wait on

@@ -57,6 +57,19 @@ def gpus_per_node(spec: Spec) -> int | None:
     return written if isinstance(written, int) else None  # not the default of 1: CPU clusters have no GPUs to ask
 
 
+def asked_partition(argv: Sequence[str]) -> str | None:
+    """The partition an ``sbatch`` command line asks for: the last one it gives (None: the cluster's default)."""
+    asked = None
+    for token, following in zip(argv, [*argv[1:], None]):
+        if token.startswith("--partition="):
+            asked = token.split("=", 1)[1]
+        elif token in ("-p", "--partition"):
+            asked = following
+        elif token.startswith("-p") and not token.startswith("--"):
+            asked = token[2:]
+    return asked
+
+
 def sbatch_argv(plan: Plan, output: str) -> list[str]:
     """``sbatch`` with every option of the spec; the script comes on stdin. ``output``: the batch script's console."""
     spec = plan.spec

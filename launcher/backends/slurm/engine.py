@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -26,6 +27,18 @@ ENDING_REASONS = {"TimeLimit", "NodeDown", "OutOfMemory", "DeadLine", "JobLaunch
 TAKEN_STATES = {"TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL"}  # Slurm took the machines; the training did no wrong
 TAKEN_REASONS = {"TimeLimit", "NodeDown", "JobLaunchFailure"}
 WAITING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+# Pending reasons that cannot clear while the job waits as it was submitted (man squeue, JOB REASON CODES): it asks
+# one job's worth of more than its partition has or allows (nodes, time, a configuration such as memory or GPUs),
+# more than a per-job limit of its QOS or association allows, or names an account, QOS, constraint or dependency that
+# can never be met. Slurm keeps such a job pending until someone changes the cluster's configuration for it; waiting
+# helps nothing. Reasons that clear on their own as jobs end, nodes come back or limits free up are not here:
+# Resources, Priority, ReqNodeNotAvail (a node down or drained may return), PartitionDown/Inactive, the group limits
+# (AssocGrp*, QOSGrp*, *PerUser*), holds, BeginTime, Dependency.
+NEVER_STARTS_REASONS = {
+    "PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig", "BadConstraints", "InvalidAccount", "InvalidQOS",
+    "DependencyNeverSatisfied", "QOSMaxNodePerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxMemoryPerJob",
+    "QOSMaxGRESPerJob", "QOSMaxWallDurationPerJobLimit", "AssocMaxNodesPerJobLimit", "AssocMaxCpuPerJobLimit",
+    "AssocMaxMemPerJob", "AssocMaxGRESPerJob", "AssocMaxWallDurationPerJobLimit"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,11 @@ class Job:
     @property
     def waiting(self) -> bool:
         return self.state in WAITING_STATES
+
+    @property
+    def never_starts(self) -> bool:
+        """Pending for a reason that cannot clear on its own (:data:`NEVER_STARTS_REASONS`)."""
+        return self.waiting and self.reason in NEVER_STARTS_REASONS
 
     @property
     def past_time_limit(self) -> bool:
@@ -213,6 +231,19 @@ def _show_job(job_id: str) -> Job | None:
     return Job(job_id, state, fields.get("Reason", ""), "" if fields.get("NodeList") == "(null)" else
                fields.get("NodeList", ""),
                int(code.split(":")[0]) if code[:1].isdigit() and state in EXIT_CODE_STATES else None, None)
+
+
+def most_gpus(partition: str | None) -> int | None:
+    """The most GPUs (gres ``gpu``) one node of ``partition`` (None: the cluster's default partition) has; None
+    where the controller knows no such partition."""
+    argv = ["sinfo", "--noheader", "--Node", "--format=%P %G"]  # a fixed format: partition (default: NAME*), gres
+    result = _command(argv)
+    if result.returncode != 0:
+        raise _failed(argv, result)
+    counts = [sum(int(count) for count in re.findall(r"gpu(?::[^:,()]+)?:(\d+)", gres))
+              for name, _, gres in (line.partition(" ") for line in result.stdout.splitlines())
+              if name.rstrip("*") == partition or (partition is None and name.endswith("*"))]
+    return max(counts) if counts else None
 
 
 def hostnames(nodes: str) -> list[str]:
