@@ -377,10 +377,11 @@ dist.destroy_process_group()
 
 
 def start_past_its_time_limit(directory: Path, script: str, **cluster) -> str:
-    """``script`` on 2 Slurm nodes with a time limit of two minutes, whose notice (30 s before it, and up to 30 s
-    earlier: Slurm acts at its checks of limits) stops the attempt, detached; its run id."""
+    """``script`` on 2 Slurm nodes with a time limit of three minutes, whose notice (45 s before it, a quarter, and
+    up to 30 s earlier: Slurm acts at its checks of limits) stops the attempt once it has trained, detached; its
+    run id."""
     directory.mkdir()
-    spec = on_slurm(write_spec(directory, script, nodes=2, extra_cluster=cluster), time=2)
+    spec = on_slurm(write_spec(directory, script, nodes=2, extra_cluster=cluster), time=3)
     started = run_cli("run", "-f", str(spec), "--detach", cwd=directory)
     assert started.returncode == 0, started.stdout + started.stderr
     return run_id_from(started.stdout)
@@ -411,8 +412,8 @@ def test_a_job_past_its_time_limit_ends_with_timeout_named_or_is_retried_whole_a
     status = json.loads(run_cli("status", ends, "--json").stdout)
     assert status["result"] == "failed" and "time limit" in status["first_failure"]["reason"], status
 
-    retried_watcher.wait_for(rf"attempt 1 ended \(node \S+: Slurm ends job {first} at its time limit in 30s \(the "
-                             r"time limit notice\)\); attempt 2 started, restart 1 of 1", timeout=180)
+    retried_watcher.wait_for(rf"attempt 1 ended \(node \S+: Slurm ends job {first} at its time limit in 45s \(the "
+                             r"time limit notice\)\); attempt 2 started, restart 1 of 1", timeout=240)
     code, output = retried_watcher.finish(timeout=180)
     assert code == 0, output
     assert "exit code None" not in output and "cancelled" not in output  # Slurm's time limit, not a node's failure

@@ -104,8 +104,8 @@ def test_attempts_ended_by_their_time_limit_again_and_again_are_never_cancelled_
         # the nodes' count is the run's: "1 restart so far" beside "restart 1 of 2"
         assert re.search(rf"attempt {number} started, restart {number - 1} of {MAX_RESTARTS}", output), output
         assert re.search(rf"in round 0 \({number - 1} restarts? so far\)", output), output
-    retried = re.findall(r"attempt (\d): node \S+: Slurm ends job \d+ at its time limit in 120s \(the time limit notice\); "
-                         rf"retried as attempt (\d) \(restart (\d) of {MAX_RESTARTS}\)", output)
+    retried = re.findall(r"attempt (\d): node \S+: Slurm ends job \d+ at its time limit in 120s \(the time limit "
+                         rf"notice\); retried as attempt (\d) \(restart (\d) of {MAX_RESTARTS}\)", output)
     assert retried == [("1", "2", "1"), ("2", "3", "2")], output  # each attempt retried exactly once
 
     closing = output[output.index(f"run {run_id} failed"):]
