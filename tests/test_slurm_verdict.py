@@ -57,6 +57,16 @@ def _attempt_job(slurm, name: str) -> str:
     return shown[0]
 
 
+def _bring_limit_near(slurm, job: str) -> None:
+    """Set the running job's limit one to two minutes ahead (whole minutes: Slurm's): its notice (120 s) is due at
+    once, Slurm sends it at its next check, and the limit itself is not reached first."""
+    ran = re.search(r"RunTime=(\S+)", slurm.command("scontrol", "-o", "show", "job", job).stdout).group(1)
+    days, _, clock = ran.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    elapsed = int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+    slurm.command("scontrol", "update", f"JobId={job}", f"TimeLimit={elapsed // 60 + 2}")
+
+
 def _end_time(slurm, job: str) -> float:
     """When the job's time limit comes, as the controller says (its local time, whole seconds)."""
     end = re.search(r"EndTime=(\S+)", slurm.command("scontrol", "-o", "show", "job", job).stdout).group(1)
@@ -68,7 +78,7 @@ def _end_time(slurm, job: str) -> float:
 def test_attempts_ended_by_their_time_limit_again_and_again_are_never_cancelled_and_resume_at_the_next_step(
         tmp_path, launcher_home, slurm):
     """A recovering run whose every attempt is ended by its time limit: its nodes are told ahead (the notice, 120 s
-    before the limit, which the test brings near with scontrol), its ranks get SIGTERM before the limit and save,
+    before the limit, which the test brings near with scontrol update TimeLimit), its ranks get SIGTERM before the limit and save,
     the `run` that follows it retries it, once per attempt, and each attempt starts at the step after the saved
     one; the last fails naming the time limit. Nowhere "cancelled"; `run`, `watch` and `status` say the same."""
     spec = on_slurm(write_spec(tmp_path, SAVES_ON_SIGTERM, nodes=2,
@@ -80,8 +90,7 @@ def test_attempts_ended_by_their_time_limit_again_and_again_are_never_cancelled_
         namespace = run_id if number == 1 else f"{run_id}.{number}"
         run.wait_for(rf"rank 1 starts at step \d+ in {re.escape(namespace)}$", timeout=180)
         job = _attempt_job(slurm, f"launcher:{namespace}")
-        # two minutes from its start: its notice (120 s before) is due at once; Slurm sends it at its next check
-        slurm.command("scontrol", "update", f"JobId={job}", "TimeLimit=2")
+        _bring_limit_near(slurm, job)
         limits[namespace] = _end_time(slurm, job)
         run.wait_for(rf"rank 1 got SIGTERM at [\d.]+ in {re.escape(namespace)}:", timeout=120)
     code, output = run.finish(timeout=180)
