@@ -556,4 +556,4 @@ def test_restarts_count_across_attempts_and_their_rounds_and_the_next_nodes_are_
     assert node_env(env, third.number, third.restarts, max_restarts) == {
         "LAUNCHER_RUN_ID": "r.3", "LAUNCHER_WORK_DIR": "oci://b@ns/wd/r/attempts", "X": "y",
         "LAUNCHER_RESTORE_FROM": json.dumps(["oci://b@ns/wd/r", "oci://b@ns/wd/r/attempts/r.2"]),
-        "LAUNCHER_RECOVERY": json.dumps({**recovery, "maxRestarts": 0})}
+        "LAUNCHER_RECOVERY": json.dumps({**recovery, "maxRestarts": 0, "restartsBefore": 3})}

@@ -452,10 +452,11 @@ dist.destroy_process_group()
 
 
 def start_past_its_time_limit(directory: Path, script: str, **cluster) -> str:
-    """``script`` on 2 Slurm nodes with a time limit of one minute (Slurm's shortest; it ends the job, TIMEOUT, at its
-    next check of limits, up to 30 s later: a common end of long trainings on clusters), detached; its run id."""
+    """``script`` on 2 Slurm nodes with a time limit of three minutes, whose notice (45 s before it, a quarter, and
+    up to 30 s earlier: Slurm acts at its checks of limits) stops the attempt once it has trained, detached; its
+    run id."""
     directory.mkdir()
-    spec = on_slurm(write_spec(directory, script, nodes=2, extra_cluster=cluster), time=1)
+    spec = on_slurm(write_spec(directory, script, nodes=2, extra_cluster=cluster), time=3)
     started = run_cli("run", "-f", str(spec), "--detach", cwd=directory)
     assert started.returncode == 0, started.stdout + started.stderr
     return run_id_from(started.stdout)
@@ -463,25 +464,34 @@ def start_past_its_time_limit(directory: Path, script: str, **cluster) -> str:
 
 def test_a_job_past_its_time_limit_ends_with_timeout_named_or_is_retried_whole_and_resumes(
         tmp_path, launcher_home, slurm):
-    """Two runs at once, since each waits a minute or more for Slurm: one without restarts fails naming the limit;
-    one with a restart is retried whole as a new job that resumes from its checkpoint."""
-    ends = start_past_its_time_limit(tmp_path / "ends", FOREVER)
+    """Two runs at once, since each waits a minute or more for Slurm. One without a time limit of its own is given
+    one minute once it trains (no notice: Slurm ends it with SIGTERM at the limit, TIMEOUT): it fails naming the
+    limit, and its nodes say so, not "cancelled". One with a restart and a time limit is told before it (the
+    notice) and retried whole as a new job that resumes from its checkpoint."""
+    (tmp_path / "ends").mkdir()
+    spec = on_slurm(write_spec(tmp_path / "ends", FOREVER, nodes=2))
+    ends = run_id_from(run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path / "ends").stdout)
     retried = start_past_its_time_limit(tmp_path / "retried", RESUMING_JOB, recovery={"maxRestarts": 1})
     first = job_of(launcher_home, retried)
     retried_watcher = Watcher(retried, dict(os.environ))
-    code, output = Watcher(ends, dict(os.environ)).finish(timeout=240)
+    watcher = Watcher(ends, dict(os.environ))
+    watcher.wait_for(r"rank 1 of 2 training")
+    slurm.command("scontrol", "update", f"JobId={job_of(launcher_home, ends)}", "TimeLimit=1")
+    code, output = watcher.finish(timeout=240)
     assert code == 1, output
-    assert f"run {ends} failed" in output, output
-    assert re.search(rf"cause: Slurm ended job {job_of(launcher_home, ends)}: (TIMEOUT on \S+|its time limit "
-                     r"of 1 min ran out \(TIMEOUT\))", output), output
+    assert f"run {ends} failed" in output and "cancelled" not in output, output
+    ended = (rf"Slurm ended job {job_of(launcher_home, ends)}: "
+             r"(TIMEOUT on \S+|its time limit of 1 min ran out \(TIMEOUT\))")
+    assert re.search(rf"cause: {ended}", output), output
+    assert re.search(rf"\[t-main +\] \[launcher\] failed: stopped: {ended}", output), output  # the node's own word
     status = json.loads(run_cli("status", ends, "--json").stdout)
     assert status["result"] == "failed" and "time limit" in status["first_failure"]["reason"], status
 
-    retried_watcher.wait_for(rf"attempt 1 ended \(node t-main: Slurm ended job {first}: .*TIMEOUT.*\); attempt 2 "
-                             r"started, restart 1 of 1", timeout=180)
+    retried_watcher.wait_for(rf"attempt 1 ended \(node \S+: Slurm ends job {first} at its time limit in 45s \(the "
+                             r"time limit notice\)\); attempt 2 started, restart 1 of 1", timeout=240)
     code, output = retried_watcher.finish(timeout=180)
     assert code == 0, output
-    assert "exit code None" not in output  # the nodes say Slurm ended the job, not that a node failed
+    assert "exit code None" not in output and "cancelled" not in output  # Slurm's time limit, not a node's failure
     saved = max(int(step) for step in re.findall(rf"saved step (\d+)", output))
     resumed = re.findall(rf"rank (\d) starts at step (\d+) in {retried}\.2", output)
     assert sorted(rank for rank, _ in resumed) == ["0", "1"] and all(int(step) > 0 for _, step in resumed), output
@@ -497,7 +507,7 @@ def test_a_job_past_its_time_limit_ends_with_timeout_named_or_is_retried_whole_a
     first_lines, said, second_lines = re.split(rf"^run {retried}: (attempt 1: .*retried as attempt 2.*)$", watched,
                                                flags=re.M)
     assert f"starts at step 0 in {retried}\n" in first_lines and f"in {retried}.2" in second_lines, watched
-    assert f"Slurm ended job {first}" in said
+    assert f"Slurm ends job {first} at its time limit" in said
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
 
 

@@ -52,7 +52,8 @@ def _rounds(info: RunInfo) -> dict | None:
     latest = latest_round(open_run(info))
     if latest is None:
         return None
-    return {"round": latest.number, "members": latest.members, "restarts": latest.restarts,
+    before = int((info.backend_ids.get(attempts.CURRENT) or {}).get("restarts") or 0)  # its rounds count from 0
+    return {"round": latest.number, "members": latest.members, "restarts": before + latest.restarts,
             "history": list(latest.history), "give_up": latest.give_up}
 
 

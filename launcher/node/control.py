@@ -27,21 +27,54 @@ LEFT = "left"  # the final state of a node that left on request: the run goes on
 # stops the node from outside (`kubectl delete pod`, a drained node); the node is lost, not the run cancelled, and
 # exits EXIT_LOST, which the engine counts as a lost node and starts again (the Job's podFailurePolicy)
 LOST_ON_SIGTERM = "LAUNCHER_LOST_ON_SIGTERM"
+# Set by the Slurm node entry to its job's id: a SIGTERM that no `launcher cancel` asked for is asked about at the
+# controller, which says whether Slurm ends the job itself (its time limit, a node's failure, preemption)
+SLURM_JOB = "LAUNCHER_SLURM_JOB"
 
 
 def settle_signal(run: WorkDir, signum: int | None, state: str, reason: str | None,
                   exit_code: int) -> tuple[str, str | None, int]:
-    """A node's end as it records it: a "cancelled" end that a SIGTERM caused where the engine counts lost nodes
-    (:data:`LOST_ON_SIGTERM`) and the run has no cancel marker is "lost", exit EXIT_LOST; any other end is as
+    """A node's end as it records it, where a SIGTERM that no cancel marker explains ended it: on Slurm, a job Slurm
+    ends itself is that end (recorded for every reader: :func:`record_engine_end`), exit EXIT_PEER_FAILED; where
+    the engine counts lost nodes (:data:`LOST_ON_SIGTERM`) the node is "lost", exit EXIT_LOST; any other end is as
     given (a marker that cannot be read: as given, cancelled)."""
-    if state != "cancelled" or signum != signal.SIGTERM or os.environ.get(LOST_ON_SIGTERM) != "1":
+    slurm_job = os.environ.get(SLURM_JOB)
+    if state != "cancelled" or signum != signal.SIGTERM or not (slurm_job or os.environ.get(LOST_ON_SIGTERM) == "1"):
         return state, reason, exit_code
     try:
         if cancel_requested(run):
             return state, reason, exit_code
     except StoreError:
         return state, reason, exit_code
+    if slurm_job:
+        from launcher.node.exits import EXIT_PEER_FAILED
+        from launcher.node.slurm_limit import slurm_end
+
+        ended = slurm_end(slurm_job)
+        if ended is None:  # a scancel from outside, or a controller that cannot say: as given
+            return state, reason, exit_code
+        try:
+            record_engine_end(run, slurm_job, os.environ.get("LAUNCHER_NODE_NAME", "?"), ended[0], lost=ended[1])
+        except StoreError:
+            pass  # the client records it too, once it sees the job's end
+        return "failed", f"stopped: {ended[0]}", EXIT_PEER_FAILED
     return "lost", f"{reason or 'received SIGTERM'} from outside, not from launcher cancel: the node is lost", EXIT_LOST
+
+
+def engine_end_key(job_id: str) -> str:
+    return f"{CONTROL_PREFIX}/failed.slurm-job-{job_id}.json"
+
+
+def record_engine_end(run: WorkDir, job_id: str, node: str, reason: str, *, lost: bool = True,
+                      at: float | None = None, grace: float | None = None) -> None:
+    """Slurm ends (or is about to end) job ``job_id`` itself: its time limit, a node's failure, preemption. One
+    record for every reader and every node, whoever sees it first (a node told by Slurm, the client reading the
+    controller); ``lost``: the machines were taken, the training did no wrong, and a whole-run retry resumes it;
+    ``grace``: how long every node's training may take to stop (the time limit's notice)."""
+    run.create(engine_end_key(job_id), json.dumps({
+        "node": node, "rank": None, "exit_code": None, "reason": reason, "kind": "lost" if lost else "failure",
+        "at": time.time() if at is None else at, "reported_by": "slurm",
+        **({"grace": grace} if grace else {})}).encode())
 
 
 def node_label(node: str) -> str:
@@ -88,6 +121,7 @@ class StopRequest:
     state: str  # "failed", "cancelled" or LEFT (this node was asked to leave)
     reason: str
     limit: bool = False  # the run reached its own limit (maxRuntime)
+    grace: float | None = None  # how long training may take to stop (None: the node's default)
 
 
 class ControlWatch:
@@ -114,7 +148,7 @@ class ControlWatch:
             if name.startswith("failed.") and name != f"failed.{self.node}.json":
                 peer = self.run.get_record(f"{CONTROL_PREFIX}/{name}")
                 if peer.get("reported_by"):  # the engine ended the run (Slurm's time limit): its words
-                    return StopRequest("failed", f"stopped: {peer.get('reason')}")
+                    return StopRequest("failed", f"stopped: {peer.get('reason')}", grace=peer.get("grace"))
                 return StopRequest("failed", f"stopped because {node_label(peer.get('node', name))} "
                                    f"failed with exit code {peer.get('exit_code')}")
         if leave_key(self.node).rsplit("/", 1)[1] in names:

@@ -97,9 +97,31 @@ class Node:
             raise Stopped(request.reason)
         self.stop_request = self.stop_request or request
 
+    def _on_time_limit_notice(self, seconds: int) -> None:
+        """Slurm's notice that the job's time limit is ``seconds`` away: every node stops (the record is the run's
+        cause for every reader and peer), training with SIGTERM and most of the notice to save."""
+        from launcher.node import slurm_limit
+        from launcher.node.control import SLURM_JOB, record_engine_end
+
+        reason = slurm_limit.notice_reason(os.environ.get(SLURM_JOB, "?"), seconds)
+        grace = slurm_limit.ranks_grace(seconds) + STOP_GRACE_SECONDS  # torchrun ends its ranks first
+        self.say(f"time limit: {reason}; training is stopped with SIGTERM and has {grace:.0f}s to save")
+        try:
+            record_engine_end(self.run, os.environ.get(SLURM_JOB, "?"), self.settings.node, reason, grace=grace)
+        except StoreError as exc:
+            self.say(f"could not record the time limit in the work dir: {exc}")
+        self.stop_request = self.stop_request or StopRequest("failed", f"stopped: {reason}", grace=grace)
+        if self.proc is None:
+            self.ending.set()  # a restore under way stops; the rendezvous stops on the record
+
     def main(self) -> int:
+        from launcher.node import slurm_limit
+
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
+        notice = slurm_limit.notice_seconds(os.environ)
+        if notice:
+            slurm_limit.watch(lambda: self._on_time_limit_notice(notice))
         try:
             self.events.start()
             return self._main()
@@ -146,6 +168,10 @@ class Node:
         return self.conclude(self.train(decision))
 
     def start_round(self, decision: Decision, number: int | None = None, restarts: int = 0) -> None:
+        """Train in ``decision``; ``restarts``: those the attempt's rounds used (the run's count adds the attempts')."""
+        from launcher.runs.attempts import restarts_before
+
+        restarts += restarts_before(self.settings.recovery)
         self.rank = decision.ranks.get(self.settings.node)
         self.events.record(DECIDED, round=number, rank=self.rank)
         members = plural(len(decision.ranks), "node")
@@ -368,7 +394,8 @@ class Node:
 
     def _terminate(self) -> int:
         assert self.proc is not None
-        return terminate(self.proc, STOP_GRACE_SECONDS, self.say)
+        grace = self.stop_request.grace if self.stop_request and self.stop_request.grace else STOP_GRACE_SECONDS
+        return terminate(self.proc, grace, self.say)
 
     def _mark_failed(self, state: str, reason: str | None, exit_code: int, details: dict | None) -> None:
         """The failure marker: written first, so peers stop as early as possible."""

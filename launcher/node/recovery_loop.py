@@ -15,6 +15,7 @@ from launcher.node.outcome import Outcome
 from launcher.node.rendezvous import Registration, RendezvousStopped
 from launcher.node.rounds import Round, Rounds, RunOver, Superseded, Timing, describe_end
 from launcher.node.store import StoreError
+from launcher.runs.attempts import restarts_before
 from launcher.runs.recovery import JOIN, PEER, Policy, RoundEnd
 from launcher.wording import plural
 
@@ -92,8 +93,9 @@ class RecoveryLoop:
         policy = self.rounds.policy
         elastic = self.node.settings.recovery and self.node.settings.recovery.get("maxNodes")  # static: every node
         bounds = f" (min {policy.min_nodes}, max {elastic})" if elastic else ""
-        return f"continuing with {plural(len(current.members), 'node')}{bounds}, restart {current.restarts} of " \
-               f"{policy.max_restarts}"
+        before = restarts_before(self.node.settings.recovery)  # the run's count, as its summary says it
+        return f"continuing with {plural(len(current.members), 'node')}{bounds}, restart {before + current.restarts} " \
+               f"of {before + policy.max_restarts}"
 
     def _end_words(self, outcome: Outcome, number: int) -> str:
         """Why the round ended here. Ranks that only lost a peer (a gloo or NCCL connection error) name what

@@ -141,8 +141,14 @@ def keep(name: str, env: os._Environ) -> int:
     from launcher.node.store import StoreError, WorkDir
     from launcher.runs.supervision import EndRecorder, record_on_behalf
 
+    from launcher.node import slurm_limit
+    from launcher.node.control import SLURM_JOB
+
     for signum in (signal.SIGTERM, signal.SIGINT):  # Slurm signals every process of the step: the child too
         signal.signal(signum, signal.SIG_IGN)
+    slurm_limit.hold()  # the time limit's notice: the bootstrap takes it, torchrun and the ranks never see it
+    if env.get("SLURM_JOB_ID"):
+        env[SLURM_JOB] = env["SLURM_JOB_ID"]
     child = subprocess.Popen([sys.executable, "-m", "launcher.node"], env=env,
                              preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGINT)])
     code = child.wait()

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 PREFIX = "attempts"
 CURRENT = "attempt"  # backend_ids key: the attempt the run's nodes are in now (absent: attempt 1)
 RESTORE_FROM = "LAUNCHER_RESTORE_FROM"  # the earlier attempts' namespaces, a JSON list (nodes restore from them)
+RESTARTS_BEFORE = "restartsBefore"  # in a later attempt's LAUNCHER_RECOVERY: the run's restarts before its rounds
 KILL_SIGNALS = ("SIGKILL", "SIGTERM")  # a training process ended by these was killed from outside
 
 
@@ -193,14 +194,21 @@ def next_attempt(view: RunView, store: WorkDir, recovery: Mapping[str, Any], bef
 def node_env(env: Mapping[str, str], number: int, restarts: int, max_restarts: int) -> dict[str, str]:
     """The env of attempt ``number``'s nodes, from that of attempt 1's (the run as submitted): their own run id and
     namespace, every earlier attempt to restore from, and what is left of ``maxRestarts`` for their rounds once the
-    run has used ``restarts``."""
+    run has used ``restarts`` (and that count, for what they say)."""
     run_id, top = env["LAUNCHER_RUN_ID"], f"{env['LAUNCHER_WORK_DIR'].rstrip('/')}/{env['LAUNCHER_RUN_ID']}"
     changed = {**env, "LAUNCHER_RUN_ID": f"{run_id}.{number}", "LAUNCHER_WORK_DIR": f"{top}/{PREFIX}",
                RESTORE_FROM: json.dumps([namespace(top, run_id, earlier) for earlier in range(1, number)])}
     if env.get("LAUNCHER_RECOVERY"):
         rounds = json.loads(env["LAUNCHER_RECOVERY"])
-        changed["LAUNCHER_RECOVERY"] = json.dumps({**rounds, "maxRestarts": max(0, max_restarts - restarts)})
+        changed["LAUNCHER_RECOVERY"] = json.dumps({**rounds, "maxRestarts": max(0, max_restarts - restarts),
+                                                   RESTARTS_BEFORE: restarts})
     return changed
+
+
+def restarts_before(recovery: Mapping[str, Any] | None) -> int:
+    """The restarts a run had used before the attempt whose nodes were told ``recovery``: its rounds count from 0,
+    the run's count (what users read) from this."""
+    return int((recovery or {}).get(RESTARTS_BEFORE) or 0)
 
 
 def started_line(info: RunInfo) -> str:

@@ -77,7 +77,15 @@ class RunView:
         if self.never_started:
             return True
         lost = self.lost
-        return all(self.statuses.get(n, {}).get("state") in FINAL_STATES or n in lost for n in self.info.nodes)
+        return all((self.statuses.get(n, {}).get("state") in FINAL_STATES and not self._unexplained_cancel(n))
+                   or n in lost for n in self.info.nodes)
+
+    def _unexplained_cancel(self, node: str) -> bool:
+        """The node says cancelled (it got a signal) with no cancel on record, while the backend still runs it: the
+        engine is ending it, and its word on why (a time limit, say, not a cancel) comes when it has."""
+        fate = self.fates.get(node)
+        return self.cancel is None and fate is not None and fate.running and \
+            self.statuses.get(node, {}).get("state") == "cancelled"
 
     @property
     def result(self) -> str:

@@ -90,6 +90,7 @@ class SlurmInfra:
     reservation: str | None = None
     constraint: str | None = None
     time: str | None = None  # Slurm's time format; a number is minutes
+    time_limit_notice: int = 120  # seconds before the time limit the nodes are told to save and stop (capped)
     gpus_per_node: int | None = None
     cpus_per_node: int | None = None
     memory: str | None = None
@@ -467,7 +468,8 @@ def _infra(kind: str, spec: dict, name: str) -> Infra:
         return SlurmInfra(
             partition=spec.get("partition"), account=spec.get("account"), qos=spec.get("qos"),
             reservation=spec.get("reservation"), constraint=spec.get("constraint"),
-            time=None if spec.get("time") is None else str(spec["time"]), gpus_per_node=spec.get("gpusPerNode"),
+            time=None if spec.get("time") is None else str(spec["time"]),
+            time_limit_notice=parse_duration(spec.get("timeLimitNotice", 120)), gpus_per_node=spec.get("gpusPerNode"),
             cpus_per_node=spec.get("cpusPerNode"), memory=None if spec.get("memory") is None else str(spec["memory"]),
             exclusive=bool(spec.get("exclusive", False)), python=spec.get("python"),
             sbatch_options=tuple(spec.get("sbatchOptions") or ()),

@@ -215,6 +215,8 @@ class SlurmBackend(Backend):
             return {}  # cancelled just now; the next look sees the job's end
         if batch is not None and batch.ended_by_slurm:
             self._record_engine_end(info, scope, batch)
+        elif batch is not None and batch.state == "CANCELLED" and not self._gave_up(info, batch.job_id):
+            self._record_outside_cancel(info, scope, batch)
         fates = {name: self._fate(info, scope, name, units[name], jobs.get(units[name]),
                                   incarnations.number_of(name, records)) for name in info.nodes}
         if batch is not None and batch.active and not batch.waiting:
@@ -364,22 +366,30 @@ class SlurmBackend(Backend):
     def _record_engine_end(info: RunInfo, scope: Scope, job: Job) -> None:
         """Slurm ended the job itself (its time limit, a node's failure, preemption): the nodes saw a SIGTERM, or
         a peer vanish, and said so; the run's cause is Slurm's reason, recorded once in the work dir for every
-        reader, dated when Slurm ended the job so that it comes before what followed from it."""
-        from launcher.node.control import CONTROL_PREFIX, cancel_requested
+        reader (unless a node told first recorded it), dated when Slurm ended the job so that it comes before what
+        followed from it."""
+        from launcher.node.control import cancel_requested, engine_end_key, record_engine_end
 
         run = scope.store or WorkDir(info.run_url)
-        key = f"{CONTROL_PREFIX}/failed.slurm-job-{job.job_id}.json"
-        if cancel_requested(run) or run.get_record(key):
+        if cancel_requested(run) or run.get_record(engine_end_key(job.job_id)):
             return
         if any(run.get_record(status_key(name)).get("state") == "succeeded" for name in info.nodes):
             return  # the run got to its end (a recovering run, without the node Slurm lost): that result stands
         ended = [at for at in (job.start_time + job.time_limit if job.past_time_limit and job.time_limit else None,
                                job.end_time) if at]
-        run.put(key, json.dumps({"node": info.nodes[0], "rank": None, "exit_code": None,
-                                 "reason": f"Slurm ended job {job.job_id}: {job.why_ended()}",
-                                 # the machines were taken, not the training failed: a whole-run retry resumes it
-                                 "kind": "lost" if job.took_machines else "failure",
-                                 "at": min(ended) if ended else time.time(), "reported_by": "slurm"}).encode())
+        # the machines were taken, not the training failed: a whole-run retry resumes it
+        record_engine_end(run, job.job_id, info.nodes[0], f"Slurm ended job {job.job_id}: {job.why_ended()}",
+                          lost=job.took_machines, at=min(ended) if ended else None)
+
+    @staticmethod
+    def _record_outside_cancel(info: RunInfo, scope: Scope, job: Job) -> None:
+        """The run's job was cancelled from outside launcher (scancel): the user's cancel, recorded as launcher
+        cancel records its own, so that every reader says cancelled, and a recovering run is not retried."""
+        from launcher.node.control import cancel_requested, request_cancel
+
+        run = scope.store or WorkDir(info.run_url)
+        if not cancel_requested(run):
+            request_cancel(run, f"Slurm job {job.job_id} was cancelled from outside launcher (scancel)")
 
     @staticmethod
     def _gave_up(info: RunInfo, job_id: str) -> str | None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from launcher.backends.indexed import group_env, shared_env
 from launcher.node.indexed import group_argv
+from launcher.node.slurm_limit import NOTICE_VARIABLE, ranks_grace
 from launcher.plan import Plan
 from launcher.spec.model import SlurmInfra, Spec
 
@@ -29,6 +30,9 @@ SETUP_GUARD = ("set -e; trap 'code=$?; echo \"launcher: the spec'\"'\"'s setup f
 # options launcher sets itself (sbatch_argv, one_node_argv): sbatchOptions must not change them
 OWN_OPTIONS = ("--parsable", "--job-name", "-J", "--nodes", "-N", "--ntasks-per-node", "--chdir", "-D", "--output",
                "-o", "--export", "--requeue", "--no-requeue", "--comment", "--no-kill", "-k", "--ntasks", "-n")
+NOTICE_SIGNAL = "USR1"  # Slurm sends it to every task of the job's steps timeLimitNotice before its time limit
+NOTICE_SHARE = 4  # the notice is at most a quarter of the time limit: a short limit never stops a job as it starts
+NOTICE_MAX_SECONDS = 65535  # the most sbatch --signal takes
 # srun must not end the step when one task fails (an elastic run goes on without it), nor kill the others
 SRUN_OPTIONS = ("--no-kill", "--kill-on-bad-exit=0", "--ntasks-per-node=1")
 
@@ -70,6 +74,29 @@ def asked_partition(argv: Sequence[str]) -> str | None:
     return asked
 
 
+def time_limit_seconds(limit: str | None) -> int | None:
+    """Slurm's time format (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds; None: no limit."""
+    if limit is None or limit.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = limit.rpartition("-")
+    parts = [int(part) for part in clock.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:  # MM, MM:SS, HH:MM:SS
+        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts) if len(parts) == 3 else (0, *(parts + [0])[:2])
+    total = int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+    return total or None  # 0: none
+
+
+def notice_seconds(infra: SlurmInfra) -> int | None:
+    """How long before the time limit Slurm signals the nodes (None: the job has no limit): timeLimitNotice, at most
+    a quarter of the limit."""
+    limit = time_limit_seconds(infra.time)
+    if limit is None:
+        return None
+    return max(1, min(infra.time_limit_notice, limit // NOTICE_SHARE, NOTICE_MAX_SECONDS))
+
+
 def sbatch_argv(plan: Plan, output: str) -> list[str]:
     """``sbatch`` with every option of the spec; the script comes on stdin. ``output``: the batch script's console."""
     spec = plan.spec
@@ -87,6 +114,9 @@ def sbatch_argv(plan: Plan, output: str) -> list[str]:
         argv.append("--exclusive")
     if spec.cluster.recovery:  # a node's failure must not end the job: the others go on, the lost one is replaced
         argv.append("--no-kill")
+    notice = notice_seconds(infra)
+    if notice:  # to the steps' tasks, not the batch shell: each node saves and stops before the limit
+        argv.append(f"--signal={NOTICE_SIGNAL}@{notice}")
     return argv + list(infra.sbatch_options)
 
 
@@ -101,6 +131,10 @@ def batch_script(plan: Plan, node_output: str) -> str:
     infra = infra_of(spec)
     shared = shared_env(plan.nodes)
     shared[CODE_DIR_VARIABLE] = str(spec.base_dir)
+    notice = notice_seconds(infra)
+    if notice:
+        shared[NOTICE_VARIABLE] = str(notice)
+        shared.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(ranks_grace(notice)))  # torchrun's wait for its ranks
     lines = ["#!/bin/bash",
              f"# launcher run {plan.run_id}: {len(plan.nodes)} nodes of {spec.source or 'a spec'}",
              "# The node names, in SLURM_NODEID order: " + " ".join(plan.node_names)]

@@ -89,7 +89,7 @@ class Job:
             (self.past_time_limit and self.state != "OUT_OF_MEMORY")
 
     def why_ended(self) -> str:
-        if (self.past_time_limit or self.state == "TIMEOUT") and self.time_limit:
+        if (self.past_time_limit or self.state == "TIMEOUT" or self.reason == "TimeLimit") and self.time_limit:
             return f"its time limit of {self.time_limit / 60:g} min ran out (TIMEOUT)"
         return self.describe()
 
@@ -185,7 +185,7 @@ def jobs(job_ids: Sequence[str]) -> dict[str, Job]:
                 if job.job_id in wanted}
     if "json" not in result.stderr:  # any failure but a Slurm too old for --json
         raise _failed(argv, result)
-    return {job.job_id: job for job_id in sorted(wanted) if (job := _show_job(job_id)) is not None}
+    return {job.job_id: job for job_id in sorted(wanted) if (job := show_job(job_id)) is not None}
 
 
 def _from_json(data: dict) -> Job:
@@ -217,20 +217,25 @@ def _exit_status(value: object) -> int | None:
     return value >> 8 if value > 255 else value
 
 
-def _show_job(job_id: str) -> Job | None:
-    """``scontrol -o show job ID``: one line of KEY=VALUE pairs (Slurm versions without squeue --json)."""
+def show_job(job_id: str) -> Job | None:
+    """``scontrol -o show job ID``: one line of KEY=VALUE pairs (Slurm versions without squeue --json; a node that
+    asks about its own job, without the whole queue)."""
     argv = ["scontrol", "-o", "show", "job", job_id]
     result = _command(argv)
     if result.returncode != 0:
         if "Invalid job id" in result.stderr:
             return None
         raise _failed(argv, result)
+    from launcher.backends.slurm.batch import time_limit_seconds
+
     fields = dict(token.split("=", 1) for token in result.stdout.split() if "=" in token)
     state = fields.get("JobState", "UNKNOWN")
     code = fields.get("ExitCode", "")
+    limit = fields.get("TimeLimit", "")
     return Job(job_id, state, fields.get("Reason", ""), "" if fields.get("NodeList") == "(null)" else
                fields.get("NodeList", ""),
-               int(code.split(":")[0]) if code[:1].isdigit() and state in EXIT_CODE_STATES else None, None)
+               int(code.split(":")[0]) if code[:1].isdigit() and state in EXIT_CODE_STATES else None, None,
+               time_limit=time_limit_seconds(limit) if limit[:1].isdigit() else None)
 
 
 def most_gpus(partition: str | None) -> int | None:
