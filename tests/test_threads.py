@@ -23,9 +23,12 @@ SETTINGS = {"LAUNCHER_RUN_ID": "r", "LAUNCHER_WORK_DIR": "/tmp/wd", "LAUNCHER_EN
             "LAUNCHER_NODE_NAME": "t-main", "LAUNCHER_NODE_GROUPS": json.dumps([["t-main", 1], ["t-worker", 1]])}
 
 
-@pytest.mark.parametrize("user_threads", [None, "3"])
-def test_nodes_sharing_a_machine_each_run_their_share_of_its_cores_warm_unless_the_user_chose(tmp_path,
-                                                                                                user_threads):
+@pytest.mark.parametrize("user_chose", [False, True])
+def test_nodes_sharing_a_machine_each_run_their_share_of_its_cores_warm_unless_the_user_chose(tmp_path, user_chose):
+    cores = usable_cores()  # the nodes run here, with this process's affinity and cgroup
+    share = max(1, cores // 2)
+    # not the share, and no more than the cores (torch takes no more threads than those)
+    user_threads = ("1" if share > 1 else "2") if user_chose else None
     env = [{"name": "OMP_NUM_THREADS", "value": user_threads}] if user_threads else []
     spec = write_spec(tmp_path, PROBE, nodes=2, env=env, extra_cluster={"processesPerNode": 1})
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=300,
@@ -34,8 +37,7 @@ def test_nodes_sharing_a_machine_each_run_their_share_of_its_cores_warm_unless_t
     [run] = (tmp_path / "wd").iterdir()
     facts = facts_of(run)
     assert sorted(facts) == [0, 1] and all(said["warm"] for said in facts.values()), facts
-    cores = usable_cores()  # the nodes run here, with this process's affinity and cgroup
-    expected = int(user_threads) if user_threads else max(1, cores // 2)
+    expected = int(user_threads) if user_threads else share
     assert all(said["threads"] == int(said["omp"]) == expected for said in facts.values()), facts
     start_line = (f"OMP_NUM_THREADS={user_threads} as set" if user_threads else
                   f"{expected} thread{'s' if expected > 1 else ''} per process ({cores} core{'s' if cores > 1 else ''}"
