@@ -509,7 +509,7 @@ def test_the_training_processes_start_warm_on_slurm_nodes_with_their_share_of_th
     """The node points gloo at its Slurm interface after its spare started: that must not cost the warm start."""
     from test_warm_start import PROBE, facts_of
 
-    spec = on_slurm(write_spec(tmp_path, PROBE, nodes=2, extra_cluster={"processesPerNode": 1}))
+    spec = on_slurm(write_spec(tmp_path, PROBE, nodes=2))  # processesPerNode auto: 1 on CPU nodes
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     run_id = run_id_from(done.stdout)
