@@ -58,15 +58,27 @@ def plain_torchrun(project: Path, epochs: int, nodes: int) -> tuple[float, str]:
     return elapsed, "\n".join(outputs)
 
 
-def launcher_run(project: Path, epochs: int, home: Path, nodes: int) -> tuple[float, str]:
+def launcher_run(project: Path, epochs: int, home: Path, nodes: int,
+                 options: tuple[str, ...] = ()) -> tuple[float, str]:
+    """``options``: more of `launcher run`'s (``--env NAME=VALUE``)."""
     started = time.perf_counter()
     done = subprocess.run([str(Path(sys.executable).with_name("launcher")), "run", "-f", "train.yaml", "--nodes",
-                           str(nodes)],
+                           str(nodes), *options],
                           cwd=project, env={**os.environ, "LAUNCHER_HOME": str(home)},
                           capture_output=True, text=True)
     elapsed = time.perf_counter() - started
     assert done.returncode == 0, done.stdout + done.stderr
     return elapsed, done.stdout
+
+
+def example_project(root: Path, epochs: int) -> Path:
+    """`launcher init`'s example in ``root``/project, training ``epochs`` epochs."""
+    project = root / "project"
+    subprocess.run([str(Path(sys.executable).with_name("launcher")), "init", "--framework", "pytorch", "--dir",
+                    str(project)], check=True, capture_output=True)
+    spec = project / "train.yaml"
+    spec.write_text(spec.read_text().replace("        - 8\n", f"        - {epochs}\n"))
+    return project
 
 
 def main() -> None:
@@ -76,11 +88,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2)
     args = parser.parse_args()
     root = scratch_dir("local-vs-torchrun-")
-    project = root / "project"
-    subprocess.run([str(Path(sys.executable).with_name("launcher")), "init", "--framework", "pytorch", "--dir",
-                    str(project)], check=True, capture_output=True)
-    spec = project / "train.yaml"
-    spec.write_text(spec.read_text().replace("        - 8\n", f"        - {args.epochs}\n"))
+    project = example_project(root, args.epochs)
     results: dict[str, list[tuple[float, float]]] = {"plain torchrun": [], "launcher run": []}
     for _ in range(args.repeat):
         wall, log = plain_torchrun(project, args.epochs, args.nodes)

@@ -256,11 +256,14 @@ def test_stopping_a_container_that_ended_meanwhile_is_not_an_error(node_base_ima
     assert _kill(container) is False and _wait(container, 0.1) is True  # removed: the same answers
 
 
-def copy_project(spec: Path, target: Path, env: dict) -> Path:
-    """The project in a new directory (its own spec file, so its own image record), built; no run data."""
+def copy_project(spec: Path, target: Path, env: dict, files: dict[str, str] | None = None) -> Path:
+    """The project in a new directory (its own spec file, so its own image record), with ``files`` (name: text)
+    written into it, built; no run data."""
     import shutil
 
     shutil.copytree(spec.parent, target, ignore=shutil.ignore_patterns("work_dir"))
+    for name, text in (files or {}).items():
+        (target / name).write_text(text)
     copy = target / spec.name
     base = f"BASE_IMAGE={recorded_image(env)['build_args']['BASE_IMAGE']}"  # never a registry's default image
     built = run_cli("build", "-f", str(copy), "--build-arg", base, env=env, timeout=600)
@@ -405,3 +408,23 @@ def test_a_node_killed_under_compose_is_recorded_by_the_next_command(project, do
         subprocess.run([docker_compose_bin, "-f", str(out), "down", "-t", "1"], capture_output=True, timeout=120)
     cleaned = run_cli("clean", run_id, env=env)
     assert cleaned.returncode == 0 and not (Path(env["LAUNCHER_HOME"]) / "runs" / run_id).exists()
+
+
+def test_the_training_processes_of_containers_on_one_engine_start_warm_with_their_share_of_threads(project, tmp_path):
+    from launcher.node.threads import usable_cores
+    from test_warm_start import PROBE, facts_of
+
+    spec, env = project
+    probing = spec.read_text().replace("entryPoint: train.py", "entryPoint: probe.py")
+    spec = copy_project(spec, tmp_path / "probe", env, files={"probe.py": PROBE, spec.name: probing})
+    done = run_cli("run", "-f", str(spec), "--backend", "docker", env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = run_id_from(done.stdout)
+    facts = facts_of(spec.parent / "work_dir" / run_id)
+    assert sorted(facts) == [0, 1] and all(said["warm"] for said in facts.values()), facts
+    cores = usable_cores()  # the containers have no CPU limit: the engine's machine is this one
+    share = max(1, cores // 2)
+    assert all(said["threads"] == int(said["omp"]) == share for said in facts.values()), facts
+    watched = run_cli("watch", run_id, "-v", "--no-follow", env=env).stdout
+    assert watched.count(f"per process ({cores} core{'s' if cores > 1 else ''} / 2 processes)") == 2, watched
+    assert "afresh" not in watched, watched

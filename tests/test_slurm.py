@@ -588,3 +588,22 @@ def test_a_failing_setup_line_stops_the_node_saying_so(tmp_path, launcher_home, 
     assert "launcher: the spec's setup failed on" in console and "(exit 127): module load cuda/12.4" in console
     assert "never reached" not in console
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+
+
+def test_the_training_processes_start_warm_on_slurm_nodes_with_their_share_of_threads(tmp_path, launcher_home, slurm):
+    """The node points gloo at its Slurm interface after its spare started: that must not cost the warm start."""
+    from test_warm_start import PROBE, facts_of
+
+    spec = on_slurm(write_spec(tmp_path, PROBE, nodes=2))  # processesPerNode auto: 1 on CPU nodes
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = run_id_from(done.stdout)
+    facts = facts_of(tmp_path / "wd" / run_id)
+    assert sorted(facts) == [0, 1] and all(said["warm"] for said in facts.values()), facts
+    watched = run_cli("watch", run_id, "-v", "--no-follow").stdout
+    assert "GLOO_SOCKET_IFNAME set to" in watched and "afresh" not in watched, watched
+    # one node per machine: its process gets every core the node may use, as its start line says
+    shares = [int(threads) for threads in re.findall(r"(\d+) threads? per process \(\d+ cores? / 1 process\)", watched)]
+    assert len(shares) == 2, watched
+    assert sorted(said["threads"] for said in facts.values()) == sorted(shares) == \
+        sorted(int(said["omp"]) for said in facts.values())

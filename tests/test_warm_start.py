@@ -18,7 +18,8 @@ from cluster import write_spec
 from clirun import run_id_from, wait_until
 from conftest import run_cli
 from launcher.node.spare import Spare
-from launcher.node.warmstart import WarmInterpreter, entry_of, warm_starts_on
+from launcher.node.threads import usable_cores
+from launcher.node.warmstart import differing, entry_of, warm_starts_on
 
 # Written before `import torch`: whether torch was there already says whether this process started warm.
 PROBE = """
@@ -148,7 +149,8 @@ def test_training_processes_start_warm_and_see_what_a_fresh_start_sees(tmp_path)
     said = warm[0]
     assert said["name"] == "__main__" and said["argv"] == ["job.py", "--lr", "0.1"] and said["main_is_me"]
     assert said["path"][0] == str(tmp_path / "warm" / "lib"), "sys.path[0] is the linked script's own directory"
-    assert said["threads"] == int(said["omp"]) == 1, "OMP_NUM_THREADS, which torchrun sets, must hold"
+    share = max(1, usable_cores() // 4)  # 2 nodes of 2 processes on this machine
+    assert said["threads"] == int(said["omp"]) == share, "OMP_NUM_THREADS, which the node sets, must hold"
     assert said["stack_file"], "launcher's rank hooks (stacks on a signal) run in a warm process too"
     assert said["annotation"] == "<class 'int'>", "the script is compiled with its own future imports only"
 
@@ -214,7 +216,7 @@ def test_without_warm_starts_every_training_process_starts_afresh(tmp_path):
 def test_a_taken_spare_says_whether_its_imports_were_done(monkeypatch, imports_done):
     """The timeline's "a spare, its imports done" is the spare's own word: taken at once, it has imported nothing."""
     monkeypatch.delenv("LAUNCHER_WARM_START", raising=False)
-    spare = Spare()
+    spare = Spare(print)
     spare.prepare(1)
     if imports_done:
         assert select.select([spare.ready], [], [], 120)[0], "the spare never said its imports were done"
@@ -231,7 +233,7 @@ def test_a_spares_first_warm_interpreter_is_a_fork_of_it_that_imported_nothing_i
     the fork is set up as a spawned one is (own session, stdin from /dev/null, no other descriptor but its socket),
     and ends with the spare."""
     monkeypatch.delenv("LAUNCHER_WARM_START", raising=False)
-    spare = Spare()
+    spare = Spare(print)
     spare.prepare(2)
     assert select.select([spare.ready], [], [], 120)[0], "the spare never said its imports were done"
     children = [int(pid) for pid in Path(f"/proc/{spare.proc.pid}/task/{spare.proc.pid}/children").read_text().split()]
@@ -254,15 +256,39 @@ def test_a_spares_first_warm_interpreter_is_a_fork_of_it_that_imported_nothing_i
     assert wait_until(lambda: all(ended(child) for child in children), 30), "a warm interpreter outlived its spare"
 
 
-def test_only_the_round_names_of_an_environment_may_differ_from_a_warm_interpreters():
-    warm = WarmInterpreter.__new__(WarmInterpreter)  # its rule alone: no process
-    warm.env = {"PATH": "/bin", "PYTHONPATH": "/hooks", "OMP_NUM_THREADS": "1"}
-    rank = {**warm.env, "RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x",
-            "LAUNCHER_STACKS_DIR": "/tmp/s"}
-    assert warm.differing(rank) == []
-    assert warm.differing({**rank, "PYTHONPATH": "/other"}) == ["PYTHONPATH"]
-    assert warm.differing({**rank, "LD_PRELOAD": "libx.so"}) == ["LD_PRELOAD"]
-    assert warm.differing({key: value for key, value in rank.items() if key != "OMP_NUM_THREADS"}) == ["OMP_NUM_THREADS"]
+def test_only_the_round_names_and_socket_interfaces_of_an_environment_may_differ_from_a_warm_interpreters():
+    started = {"PATH": "/bin", "PYTHONPATH": "/hooks", "OMP_NUM_THREADS": "1"}
+    rank = {**started, "RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "x",
+            "LAUNCHER_STACKS_DIR": "/tmp/s", "GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth1"}
+    assert differing(started, rank) == []
+    assert differing(started, {**rank, "PYTHONPATH": "/other"}) == ["PYTHONPATH"]
+    assert differing(started, {**rank, "LD_PRELOAD": "libx.so"}) == ["LD_PRELOAD"]
+    assert differing(started, {key: value for key, value in rank.items() if key != "OMP_NUM_THREADS"}) == \
+        ["OMP_NUM_THREADS"]
+
+
+def test_torch_reads_the_socket_interfaces_when_a_process_group_starts_not_at_import(tmp_path):
+    """What allows them to differ: set after the import, gloo still uses the interface they name."""
+    code = ("import os, torch, torch.distributed as dist\n"
+            "os.environ['GLOO_SOCKET_IFNAME'] = 'no-such-interface'\n"
+            "dist.init_process_group('gloo', init_method='file://' + os.sys.argv[1], rank=0, world_size=1)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})
+    assert done.returncode != 0 and "no-such-interface" in done.stderr, done.stderr
+
+
+def test_a_spare_taken_for_a_round_whose_environment_differs_says_so_in_the_nodes_lines(monkeypatch):
+    monkeypatch.delenv("LAUNCHER_WARM_START", raising=False)
+    said: list[str] = []
+    spare = Spare(said.append)
+    spare.prepare(1)
+    round_env = {**spare.env, "PYTHONHASHSEED": "7", "GLOO_SOCKET_IFNAME": "lo", "RANK": "0"}
+    proc, _ = spare.take([sys.executable, "-m", "launcher.node.torchrun_shim", "--", "--help"], round_env)
+    proc.stdout.read()
+    assert proc.wait(timeout=120) == 0
+    proc.stdout.close()
+    assert said == ["the training processes start afresh, not warm: the round's environment differs in "
+                    "PYTHONHASHSEED from the one the spare torchrun started with"]
 
 
 @pytest.mark.parametrize("args, entry", [

@@ -82,6 +82,14 @@ class Backend(ABC):
     def node_env_extra(self, spec: Spec) -> dict[str, str]:
         return {}
 
+    one_machine = False  # whether all nodes run on one machine (their training processes share its cores)
+
+    def _machine_env(self, spec: Spec) -> dict[str, str]:
+        """How many nodes share each node's machine, where this backend knows (launcher.node.threads)."""
+        from launcher.node.threads import MACHINE_NODES_VAR
+
+        return {MACHINE_NODES_VAR: str(spec.cluster.node_count)} if self.one_machine else {}
+
     def built_image(self, spec: Spec) -> str | None:
         """What "@image" names: the image `launcher build` recorded for this spec file (None: not built)."""
         from launcher.image import records
@@ -97,7 +105,8 @@ class Backend(ABC):
         work_dir, notes = self.work_dir(spec)
         devices, device_notes = self.node_devices(spec)
         plan = make_plan(spec, work_dir=work_dir, node_command=self.node_command, run_id=run_id,
-                         resume_from=resume_from, extra_env=self.node_env_extra(spec), node_extra_env=devices,
+                         resume_from=resume_from, extra_env={**self.node_env_extra(spec), **self._machine_env(spec)},
+                         node_extra_env=devices,
                          built_image=self.built_image(spec))
         notes = notes + device_notes + [f"warning: {warning}" for warning in spec.warnings]
         if plan.image and plan.image.tag == image_tag(spec) and self.runs_images:

@@ -40,6 +40,7 @@ from launcher.node.rendezvous import (Decision, RendezvousError, RendezvousStopp
                                       RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
 from launcher.node.spare import Spare
+from launcher.node.threads import share_threads, usable_cores
 from launcher.node.training_dirs import make_training_dir
 from launcher.node.status import StatusRecord, status_key
 from launcher.node.store import StoreError, WorkDir
@@ -79,7 +80,7 @@ class Node:
         self.processes = 1
         self.started = time.monotonic()
         self.stacks_dir = ""
-        self.spare = Spare()  # a torchrun with its imports done, for the next round
+        self.spare = Spare(self.say)  # a torchrun with its imports done, for the next round
         self.sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
         self.ending = threading.Event()  # set by a signal: transfers under way (a restore) stop at their next chunk
 
@@ -147,6 +148,8 @@ class Node:
         gpus = visible_gpus()
         self.status.update(state="registering", accelerators=accelerator_report(gpus))
         self.processes = self._processes(len(gpus))
+        # before the spare: its warm interpreters size torch's thread pool as they import it
+        threads = share_threads(os.environ, self.processes, settings.machine_nodes, usable_cores())
         self.spare.prepare(self.processes)  # its imports overlap the rendezvous
         chosen = node_address(timeout=settings.rendezvous_timeout, say=self.say)
         address = chosen.address
@@ -156,7 +159,7 @@ class Node:
                            processes=self.processes)
         devices = plural(len(gpus), "GPU") if gpus else "no GPU"
         self.say(f"registering in {settings.run_url} as {address}:{port} ({plural(self.processes, 'training process')}, "
-                 f"{devices}); waiting for {plural(len(settings.nodes), 'node')}")
+                 f"{devices}; {threads}); waiting for {plural(len(settings.nodes), 'node')}")
         me = Registration(settings.node, address, port, self.processes, incarnation=settings.incarnation)
         if settings.recovery:
             return RecoveryLoop(self).run(me)

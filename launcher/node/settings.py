@@ -11,6 +11,7 @@ from typing import Callable, Mapping
 from launcher import node_names
 from launcher.node import identity
 from launcher.node.store import StoreError
+from launcher.node.threads import MACHINE_NODES_VAR
 
 
 class SettingsError(Exception):
@@ -42,6 +43,7 @@ class NodeSettings:
     # a recovering round trains this long before its node starts the next round's spare torchrun (launcher.node.spare)
     spare_after: float = 0.0
     restore_from: tuple[str, ...] = ()  # a run retried whole: its earlier attempts (launcher.runs.attempts)
+    machine_nodes: int = 1  # nodes of the run on this node's machine, where the backend knows (launcher.node.threads)
 
     @property
     def run_url(self) -> str:
@@ -96,6 +98,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> NodeSettings:
             incarnation=int(env.get("LAUNCHER_NODE_INCARNATION") or incarnation),
             resume_from=env.get("LAUNCHER_RESUME_FROM") or None,
             restore_from=tuple(str(url) for url in json.loads(env.get("LAUNCHER_RESTORE_FROM") or "[]")),
+            machine_nodes=_at_least_one(MACHINE_NODES_VAR, env.get(MACHINE_NODES_VAR, "1")),
         )
     except (ValueError, TypeError) as exc:
         raise SettingsError(f"malformed LAUNCHER_* variable: {exc}") from None
@@ -117,9 +120,13 @@ def _service_node(env: Mapping[str, str], groups: list[tuple[str, int]],
 def _processes(text: str) -> int | None:
     if text == "auto":
         return None
-    value = int(text)
+    return _at_least_one("LAUNCHER_NPROC_PER_NODE", text, "auto or ")
+
+
+def _at_least_one(name: str, text: str, other: str = "") -> int:
+    value = int(text) if text.strip().isdigit() else 0
     if value < 1:
-        raise ValueError(f"LAUNCHER_NPROC_PER_NODE must be auto or >= 1, not {text!r}")
+        raise ValueError(f"{name} must be {other}>= 1, not {text!r}")
     return value
 
 

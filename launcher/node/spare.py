@@ -21,17 +21,20 @@ import os
 import select
 import subprocess
 import sys
+from typing import Callable
 
 from launcher.node.childproc import die_with_parent
-from launcher.node.warmstart import RUN_WARM_INTERPRETER, SPARE_ARG, warm_env, warm_starts_on
+from launcher.node.warmstart import RUN_WARM_INTERPRETER, SPARE_ARG, differing, warm_starts_on
 
 READY_FD_VAR = "LAUNCHER_SPARE_READY_FD"
 
 
 class Spare:
-    def __init__(self) -> None:
+    def __init__(self, say: Callable[[str], None]) -> None:
         self.proc: subprocess.Popen | None = None
         self.ready: int | None = None  # the read end of the spare's pipe: a byte there once its imports are done
+        self.env: dict[str, str] = {}  # what it started with: its warm interpreters' environment
+        self.say = say  # the node's own lines: where a user reads why a round's processes did not start warm
 
     def prepare(self, processes: int) -> None:
         """Start a spare for ``processes`` training processes unless one is ready (or warm starts are off)."""
@@ -40,11 +43,13 @@ class Spare:
         if self.proc is not None or not warm_starts_on(os.environ):
             return
         self.ready, ready_write = os.pipe()
-        # Its environment is its warm interpreters': the first is a fork of it, made once torch is imported
-        env = {**warm_env(standing_env(os.environ), processes), READY_FD_VAR: str(ready_write)}
+        # Its environment is its warm interpreters': the first is a fork of it, made once torch is imported. It holds
+        # OMP_NUM_THREADS (launcher.node.threads), so torchrun's own rule for it changes nothing in a round's.
+        self.env = standing_env(os.environ)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-u", "-c", RUN_WARM_INTERPRETER, SPARE_ARG, str(processes)], env=env,
+                [sys.executable, "-u", "-c", RUN_WARM_INTERPRETER, SPARE_ARG, str(processes)],
+                env={**self.env, READY_FD_VAR: str(ready_write)},
                 pass_fds=(ready_write,),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=die_with_parent())
@@ -62,6 +67,10 @@ class Spare:
             return None, False
         imported = bool(select.select([self.ready], [], [], 0)[0])
         self._close_ready()
+        changed = differing(self.env, env)
+        if changed:  # its torchrun still serves; its warm interpreters do not (torchrun's lines say so, with -v)
+            self.say(f"the training processes start afresh, not warm: the round's environment differs in "
+                     f"{', '.join(changed)} from the one the spare torchrun started with")
         try:
             if proc.poll() is not None:
                 raise BrokenPipeError

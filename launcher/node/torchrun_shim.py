@@ -33,9 +33,9 @@ def run_spare(processes: int, forked: int, channel: socket.socket) -> NoReturn:
     """The spare torchrun, started as ``python -u -c RUN_WARM_INTERPRETER --spare PROCESSES``
     (:data:`launcher.node.warmstart.RUN_WARM_INTERPRETER`): it imported torch and forked its first warm
     interpreter (pid ``forked``, reached through ``channel``); the others it spawns now, as they import as it does."""
-    from launcher.node.warmstart import WarmPool, warm_env
+    from launcher.node.warmstart import WarmPool
 
-    pool = WarmPool(processes, warm_env(os.environ, processes), forked=(forked, channel))
+    pool = WarmPool(processes, os.environ, forked=(forked, channel))
     command = _await_command()
     if command is None:
         pool.close()

@@ -10,8 +10,9 @@ processes, each takes a warm one and hands it its script, environment and output
 A warm interpreter is used only where it is what a fresh start would be: ``python -u SCRIPT`` or
 ``python -u -m MODULE`` (``--no-python`` programs start as before) and an environment that differs from the one
 it started with only in names read while training runs, never at a start (the ranks torchrun and launcher
-give, :data:`ROUND_NAMES`). Anything else starts the usual way. ``LAUNCHER_WARM_START=0`` turns warm starts
-off (no spare torchrun either).
+give, :data:`ROUND_NAMES`; the socket interfaces, :data:`PROCESS_GROUP_NAMES`). Anything else starts the usual
+way, and the node says why in its own lines (:mod:`launcher.node.spare`). ``LAUNCHER_WARM_START=0`` turns warm
+starts off (no spare torchrun either).
 """
 
 from __future__ import annotations
@@ -35,9 +36,22 @@ ROUND_NAMES = frozenset({
     "NODE_RANK", "NNODES",
 })
 ROUND_PREFIXES = ("TORCHELASTIC_", "LAUNCHER_")
+# What the node sets once it has chosen its address (launcher.node.netutil), after its spare started: the socket
+# interfaces of the process group's traffic. Importing torch reads neither; gloo reads GLOO_SOCKET_IFNAME as a
+# process group creates its device, NCCL reads NCCL_SOCKET_IFNAME as its first communicator starts: both once
+# the script runs, with the environment the warm interpreter was given by then.
+PROCESS_GROUP_NAMES = frozenset({"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"})
 _PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_interpreter.py")
 # The file as the interpreter's own __main__ (see launcher.node.warm_interpreter: not imported as launcher's module)
 RUN_WARM_INTERPRETER = f"exec(compile(__import__('pathlib').Path({_PROGRAM!r}).read_text(), {_PROGRAM!r}, 'exec'))"
+
+
+def differing(started: Mapping[str, str], env: Mapping[str, str]) -> list[str]:
+    """The names, of those a start may read, in which ``env`` differs from ``started`` (a warm interpreter's or
+    a spare's environment): none, and a training process with ``env`` may be that warm interpreter."""
+    return sorted(name for name in set(env) | set(started) if env.get(name) != started.get(name)
+                  and name not in ROUND_NAMES and name not in PROCESS_GROUP_NAMES
+                  and not name.startswith(ROUND_PREFIXES))
 
 
 def warm_starts_on(env: Mapping[str, str]) -> bool:
@@ -65,12 +79,6 @@ class WarmInterpreter:
                                 start_new_session=True, preexec_fn=die_with_parent())
         theirs.close()
         return cls(env, proc, ours)
-
-    def differing(self, env: Mapping[str, str]) -> list[str]:
-        """The names, of those a start may read, in which ``env`` differs from this interpreter's: none, and the
-        training process with ``env`` may be this one."""
-        return sorted(name for name in set(env) | set(self.env) if env.get(name) != self.env.get(name)
-                      and name not in ROUND_NAMES and not name.startswith(ROUND_PREFIXES))
 
     def start(self, entry: tuple[str, str], args: list[str], env: Mapping[str, str],
               stdout: IO | None, stderr: IO | None) -> subprocess.Popen | None:
@@ -152,7 +160,7 @@ class WarmPool:
     def take(self, env: Mapping[str, str]) -> WarmInterpreter | None:
         while self.ready:
             warm = self.ready.pop(0)
-            differ = warm.differing(env)
+            differ = differing(warm.env, env)
             if not differ:
                 return warm
             print(f"[launcher] a training process starts afresh: its environment differs in {', '.join(differ)} "
@@ -165,13 +173,6 @@ class WarmPool:
         for warm in self.ready:
             warm.discard()
         self.ready.clear()
-
-
-def warm_env(env: Mapping[str, str], processes: int) -> dict[str, str]:
-    """The environment torchrun gives its processes, less the round's names: torchrun's one rule applied."""
-    if processes > 1 and "OMP_NUM_THREADS" not in env:
-        return {**env, "OMP_NUM_THREADS": "1"}  # torch.distributed.run sets it so for several processes per node
-    return dict(env)
 
 
 def entry_of(args: tuple) -> tuple[str, str] | None:

@@ -47,6 +47,8 @@ class DockerBackend(Backend):
             return resolve_local(plan.spec.cluster.work_dir or DEFAULT_WORK_DIR, plan.spec.base_dir)
         return plan.work_dir
 
+    one_machine = True  # the nodes are containers of one engine, on its machine
+
     def node_env_extra(self, spec: Spec) -> dict[str, str]:
         # On the engine machine's network every node is on this one machine; on the run's own
         # network each node advertises its address there (the default route's source address).

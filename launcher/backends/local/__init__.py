@@ -58,6 +58,8 @@ class LocalBackend(Backend):
             return str(home() / "workdir"), []
         return (resolve_local(wanted, spec.base_dir) if scheme(wanted) == "file" else wanted), []
 
+    one_machine = True  # the nodes are processes of this machine
+
     def node_env_extra(self, spec: Spec) -> dict[str, str]:
         return {"LAUNCHER_NODE_ADDRESS": "127.0.0.1"}
 
