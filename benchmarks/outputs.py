@@ -41,8 +41,8 @@ method, action, endpoint, url, directory = sys.argv[1:]
 bucket, prefix = url[len("s3://"):].split("/", 1)
 names = sorted(os.listdir(directory)) if action == "upload" else None
 if method == "launcher":
-    from launcher.node.outputs import OutputsSync, restore_newest
-    from launcher.node.store import WorkDir
+    from launcher.protocol.outputs import OutputsSync, restore_newest
+    from launcher.protocol.store import WorkDir
     store = WorkDir(url)
     store.list("")  # a node's clients are made early in its life (as the others' are before their clock):
     store._transfers()  # s3fs's for the small objects, s3transfer's for the outputs

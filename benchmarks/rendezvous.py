@@ -21,8 +21,8 @@ from common import scratch_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from launcher.node.rendezvous import NODES_PREFIX, PollPolicy, Registration, await_decision  # noqa: E402
-from launcher.node.store import WorkDir  # noqa: E402
+from launcher.protocol.rendezvous import NODES_PREFIX, PollPolicy, Registration, await_decision  # noqa: E402
+from launcher.protocol.store import WorkDir  # noqa: E402
 
 
 class TimedStore(WorkDir):

@@ -116,7 +116,7 @@ def records_per_second(url: str, count: int) -> float:
     import json
 
     from launcher.data.records import progress_key
-    from launcher.node.store import WorkDir
+    from launcher.protocol.store import WorkDir
 
     store = WorkDir(url)
     started = time.perf_counter()

@@ -22,7 +22,7 @@ from pathlib import Path
 from common import REPO, median, timed_process
 
 sys.path.insert(0, str(REPO))
-from launcher.node.logship import MAX_CHUNK_LINES, chunk_key  # noqa: E402
+from launcher.protocol.logship import MAX_CHUNK_LINES, chunk_key  # noqa: E402
 
 
 def write_run(work_dir: Path, run_id: str, lines: int) -> None:

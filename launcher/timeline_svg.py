@@ -17,7 +17,7 @@ import math
 from html import escape
 from typing import Iterable
 
-from launcher.node import events as node_events
+from launcher.protocol import events as node_events
 from launcher.runs import timeline as tl
 
 PLOT_WIDTH = 1000

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from launcher.backends.local import LocalBackend
-from launcher.node.store import WorkDir
+from launcher.protocol.store import WorkDir
 from launcher.plan import Plan
 from launcher.spec import load_spec
 

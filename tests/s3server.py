@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from launcher.node.childproc import die_with_parent
+from launcher.node.torchrun.childproc import die_with_parent
 
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import require
 
-from launcher.node.childproc import die_with_parent
+from launcher.node.torchrun.childproc import die_with_parent
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 START_SECONDS = 60

@@ -14,8 +14,8 @@ import yaml
 from clirun import info_of, run_id_from
 from cluster import write_spec
 from conftest import SEED_004, run_cli
-from launcher.node.outputs import OutputsSync, tidy_temporary
-from launcher.node.store import WorkDir
+from launcher.protocol.outputs import OutputsSync, tidy_temporary
+from launcher.protocol.store import WorkDir
 
 QUICK = """
 import os, sys

@@ -18,7 +18,7 @@ import pytest
 from clirun import Watcher, run_id_from
 from cluster import write_spec
 from conftest import run_cli
-from launcher.node.store import WorkDir
+from launcher.protocol.store import WorkDir
 from test_recovery import ELASTIC, node_pid
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from launcher.data import ElasticLoader, ElasticSampler
 from launcher.data.plan import TooFewSamples
 from launcher.data.progress import read_progress
-from launcher.node.store import WorkDir
+from launcher.protocol.store import WorkDir
 
 N, SHARD, BATCH = 50, 5, 4
 

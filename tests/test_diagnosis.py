@@ -19,10 +19,10 @@ from clirun import Watcher, run_failing, run_id_from
 from cluster import write_spec
 from conftest import run_cli
 from launcher.commands.watch import LogFollower
-from launcher.node import rendezvous
-from launcher.node.control import node_label
-from launcher.node.logship import LogShipper
-from launcher.node.store import WorkDir
+from launcher.protocol import rendezvous
+from launcher.protocol.control import node_label
+from launcher.protocol.logship import LogShipper
+from launcher.protocol.store import WorkDir
 from launcher.runs.state import RunInfo
 from launcher.secrets_mask import MASK, mask_argv
 

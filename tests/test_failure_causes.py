@@ -23,8 +23,8 @@ import yaml
 from clirun import run_failing, run_id_from
 from cluster import write_spec
 from conftest import run_cli
-from launcher.node.cause import describe, diagnose, from_stderr, library_file
-from launcher.node.stacks import Frame, RankStack
+from launcher.node.diagnosis.cause import describe, diagnose, from_stderr, library_file
+from launcher.node.diagnosis.stacks import Frame, RankStack
 
 RAISES_IN_A_FUNCTION = """
 import torch.distributed as dist

@@ -85,7 +85,7 @@ def test_the_job_runs_a_pod_per_node_and_starts_again_only_a_lost_pods_index(tmp
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == spec["template"]["metadata"]["labels"] == {"launcher.run-id": "run-1"}
     (container,) = pod["containers"]
-    assert container["command"][:3] == ["python", "-m", "launcher.node.kubernetes"]
+    assert container["command"][:3] == ["python", "-m", "launcher.node.engines.kubernetes"]
     env = {item["name"]: item for item in container["env"]}
     assert "LAUNCHER_NODE_NAME" not in env and env["LAUNCHER_RUN_ID"]["value"] == "run-1"
     assert env["LAUNCHER_NODE_INCARNATION"]["valueFrom"]["fieldRef"]["fieldPath"] == \
@@ -153,11 +153,11 @@ def test_the_dry_run_prints_what_kubectl_applies_and_run_without_a_cluster_says_
 def test_a_pod_takes_the_node_at_its_index_in_the_spec_order(tmp_path):
     env = {"LAUNCHER_NODE_GROUPS": json.dumps([["m", 1], ["w", 2]]), "JOB_COMPLETION_INDEX": "2", "PATH": "/usr/bin"}
     probe = ("import os, sys; sys.argv = ['x', '--worker-env', 'ROLE=worker', '--main-env', 'ROLE=main'];"
-             "import launcher.node.kubernetes as k, launcher.node.kubernetes;"
+             "import launcher.node.engines.kubernetes as k, launcher.node.engines.kubernetes;"
              "k._exec_bootstrap = lambda: print(os.environ['LAUNCHER_NODE_NAME'], os.environ['ROLE']) or sys.exit(0);"
              "k.main(sys.argv[1:])")
     shown = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     assert shown.stdout.split() == ["w-1", "worker"], shown.stderr
     env["JOB_COMPLETION_INDEX"] = "3"
-    bad = subprocess.run([sys.executable, "-m", "launcher.node.kubernetes"], env=env, capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "launcher.node.engines.kubernetes"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "JOB_COMPLETION_INDEX is '3'; the run has nodes 0..2" in bad.stderr

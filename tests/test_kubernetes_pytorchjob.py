@@ -56,7 +56,7 @@ def test_every_spec_exports_a_pytorchjob_the_sdk_and_the_official_schemas_take(t
         (container,) = template["containers"]
         (node,) = pod["containers"]
         assert container["name"] == "pytorch" and container["image"] == node["image"] == IMAGE
-        assert container["command"][:3] == ["python", "-m", "launcher.node.pytorchjob"]
+        assert container["command"][:3] == ["python", "-m", "launcher.node.engines.pytorchjob"]
         assert container["command"][3:] == node["command"][3:]  # the same groups' arguments
         assert container.get("resources") == node.get("resources")
         assert container.get("volumeMounts") == node.get("volumeMounts")
@@ -175,7 +175,7 @@ def test_the_cli_prints_the_pytorchjob_and_refuses_it_elsewhere(tmp_path, launch
     assert not (launcher_home / "runs").exists()  # nothing recorded
 
 
-PROBE = ("import json, os, sys; import launcher.node.pytorchjob as p;"
+PROBE = ("import json, os, sys; import launcher.node.engines.pytorchjob as p;"
          "p._exec_bootstrap = lambda: print(json.dumps(dict(os.environ))) or sys.exit(0);"
          "sys.exit(p.main(['--worker-env', 'ROLE=worker', '--main-env', 'ROLE=main']))")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster import Cluster, write_spec
-from launcher.node.control import request_cancel
+from launcher.protocol.control import request_cancel
 from launcher.runs.timeline import RECORDED, derive, read_records
 
 CHECK = """\

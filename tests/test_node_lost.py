@@ -10,9 +10,9 @@ import signal
 import pytest
 
 from cluster import Cluster, write_spec
-from launcher.node.control import LOST_ON_SIGTERM, request_cancel, settle_signal
-from launcher.node.exits import EXIT_CANCELLED, EXIT_LOST
-from launcher.node.store import WorkDir
+from launcher.protocol.control import LOST_ON_SIGTERM, request_cancel, settle_signal
+from launcher.protocol.exits import EXIT_CANCELLED, EXIT_LOST
+from launcher.protocol.store import WorkDir
 from test_node import FOREVER
 
 

@@ -161,9 +161,9 @@ def test_a_failure_that_happens_every_time_is_not_retried_forever(tmp_path, laun
 def test_a_node_recorded_by_its_supervisor_has_its_cause_before_its_failed_status(tmp_path):
     """A reader (watch) reads the statuses, then the failure markers: it must never see a node failed and find no
     cause. The supervisor writes the marker first, as a node does for itself."""
-    from launcher.node.control import failure_key
-    from launcher.node.status import status_key
-    from launcher.node.store import WorkDir
+    from launcher.protocol.control import failure_key
+    from launcher.protocol.status import status_key
+    from launcher.protocol.store import WorkDir
     from launcher.runs.supervision import record_on_behalf
 
     class Watched(WorkDir):

@@ -410,8 +410,8 @@ def test_a_native_run_whose_job_run_fails_is_retried_whole_once_until_its_restar
 def test_an_attempt_that_is_not_started_or_refused_or_cancelled_or_left_half_made(sim, sleepers, tmp_path, capsys,
                                                                                    case):
     from launcher.backends.oci import service
-    from launcher.node.control import record_failure, request_cancel
-    from launcher.node.store import WorkDir
+    from launcher.protocol.control import record_failure, request_cancel
+    from launcher.protocol.store import WorkDir
     from launcher.runs.attempts import Attempt
     from launcher.runs.view import closing_line, read_view
 
@@ -467,8 +467,8 @@ def test_an_attempt_that_is_not_started_or_refused_or_cancelled_or_left_half_mad
 def test_the_outputs_of_every_earlier_attempt_are_restored_newest_copy_of_each(tmp_path):
     """Attempt 2 wrote a newer epoch-2 checkpoint and a log; attempt 1's epoch-1 checkpoint, which attempt 2 had
     restored and not written again, is only in attempt 1's outputs: both come back, each file's newest copy."""
-    from launcher.node.outputs import MANIFEST, OutputsSync, restore_newest
-    from launcher.node.store import WorkDir
+    from launcher.protocol.outputs import MANIFEST, OutputsSync, restore_newest
+    from launcher.protocol.store import WorkDir
 
     def attempt(name: str, files: dict[str, float]) -> WorkDir:
         outputs = tmp_path / name / "outputs" / "main"
@@ -495,8 +495,8 @@ def test_an_attempt_whose_nodes_all_reported_is_decided_at_once_and_started_once
     """Every node reported its failure (exit status 3, retried: retryOn [failure]) while the job run is still in
     progress: attempt 2 is decided at once, and every verb follows it, but its job run is created only once the
     first has ended, so that the two never hold machines together; a cancel before then means it never starts."""
-    from launcher.node.control import record_failure, request_cancel
-    from launcher.node.store import WorkDir
+    from launcher.protocol.control import record_failure, request_cancel
+    from launcher.protocol.store import WorkDir
     from launcher.runs.view import read_view
 
     info = sleepers(dies=0, max_restarts=1, native=True, rounds=False, sleep=True)
@@ -531,9 +531,9 @@ def test_restarts_count_across_attempts_and_their_rounds_and_the_next_nodes_are_
                                                                                                    max_restarts):
     """Attempt 2 began with 1 restart used (its own retry); its rounds used 1 more before a node was lost for good:
     with maxRestarts 3 attempt 3 begins with 3 used, and its rounds get none; with 2 the run stops."""
-    from launcher.node.rendezvous import Decision
-    from launcher.node.rounds import Round, decision_key
-    from launcher.node.store import WorkDir
+    from launcher.protocol.rendezvous import Decision
+    from launcher.protocol.rounds import Round, decision_key
+    from launcher.protocol.store import WorkDir
     from launcher.runs.attempts import Attempt, next_attempt, node_env
     from launcher.runs.state import RunInfo
     from launcher.runs.view import RunView

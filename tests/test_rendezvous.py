@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.node.rendezvous import (Decision, PollPolicy, Registration, RendezvousError, RendezvousTimeout,
+from launcher.protocol.rendezvous import (Decision, PollPolicy, Registration, RendezvousError, RendezvousTimeout,
                                       await_decision,
                                       decide_static, parse_node_key)
-from launcher.node.store import WorkDir
+from launcher.protocol.store import WorkDir
 
 
 def run_nodes(url: str, names: list[str], delays: list[float], timeout: float = 60.0,

@@ -1,4 +1,4 @@
-"""Membership rounds (launcher.node.rounds) on a real local work dir, nodes as threads: every node that
+"""Membership rounds (launcher.protocol.rounds) on a real local work dir, nodes as threads: every node that
 trains in a round was given the same members; lost members leave, joiners come in at the next round;
 the recovery policy decides restarts and when to stop."""
 
@@ -16,10 +16,10 @@ from hypothesis import given, settings, strategies as st
 from cluster import write_spec
 from conftest import run_cli
 
-from launcher.node.rendezvous import PollPolicy, Registration
-from launcher.node.rounds import Rounds, Superseded, Timing, grouped_history, latest_round
-from launcher.node.store import WorkDir
-from launcher.runs.recovery import FAILURE, JOIN, KILLED, LOST, PEER, Policy, RoundEnd
+from launcher.protocol.rendezvous import PollPolicy, Registration
+from launcher.protocol.rounds import Rounds, Superseded, Timing, grouped_history, latest_round
+from launcher.protocol.store import WorkDir
+from launcher.protocol.recovery import FAILURE, JOIN, KILLED, LOST, PEER, Policy, RoundEnd
 from launcher.runs.state import RunInfo
 from launcher.runs.view import RunView, closing_line
 

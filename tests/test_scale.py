@@ -23,12 +23,12 @@ from launcher.commands.data import data_progress
 from launcher.commands.scale import plan_change
 from launcher.data.progress import EpochProgress
 from launcher.errors import BackendError
-from launcher.node.rendezvous import Registration
-from launcher.node.rounds import latest_round
+from launcher.protocol.rendezvous import Registration
+from launcher.protocol.rounds import latest_round
 from launcher.node.settings import SettingsError, from_env
-from launcher.node.store import WorkDir
+from launcher.protocol.store import WorkDir
 from launcher.runs.additions import read_added
-from launcher.runs.recovery import LEAVE, Policy, RoundEnd
+from launcher.protocol.recovery import LEAVE, Policy, RoundEnd
 from launcher.runs.state import RunInfo
 from launcher.runs.supervision import ProcessRef
 from test_gpus import fake_gpus  # noqa: F401 - a fixture

@@ -11,8 +11,8 @@ import pytest
 from launcher.backends.base import NodeFate
 from launcher.backends.slurm import INCARNATIONS, Scope, SlurmBackend, engine
 from launcher.backends.slurm.engine import Job
-from launcher.node.status import status_key
-from launcher.node.store import WorkDir
+from launcher.protocol.status import status_key
+from launcher.protocol.store import WorkDir
 from launcher.runs import incarnations
 from launcher.runs.incarnations import Incarnation
 from launcher.runs.state import RunInfo

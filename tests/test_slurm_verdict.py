@@ -192,8 +192,8 @@ def test_a_node_signalled_without_a_cancel_asks_slurm_and_records_its_time_limit
 
     from launcher.backends.slurm import engine
     from launcher.errors import BackendError
-    from launcher.node import control
-    from launcher.node.store import WorkDir
+    from launcher.protocol import control
+    from launcher.protocol.store import WorkDir
 
     run = WorkDir(str(tmp_path / "run"))
     monkeypatch.setenv(control.SLURM_JOB, "7")

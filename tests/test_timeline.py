@@ -19,9 +19,9 @@ from cluster import write_spec
 from conftest import require, run_cli
 from test_oci import project, sim  # noqa: F401 - fixtures: the OCI simulation and the seed 004 project in it
 from launcher.commands.timeline import table_rows
-from launcher.node import events as node_events
-from launcher.node.events import EventLog
-from launcher.node.store import WorkDir
+from launcher.protocol import events as node_events
+from launcher.protocol.events import EventLog
+from launcher.protocol.store import WorkDir
 from launcher.runs import timeline as tl
 
 T0 = 1_000_000.0  # submitted

@@ -10,8 +10,8 @@ import tempfile
 
 import pytest
 
-from launcher.node import training_dirs
-from launcher.node.training_dirs import OWNER_FILE, make_training_dir, sweep_stale
+from launcher.node.torchrun import training_dirs
+from launcher.node.torchrun.training_dirs import OWNER_FILE, make_training_dir, sweep_stale
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def tmp_dir(tmp_path, monkeypatch):
 
 def made_by_a_process_that_died(node: str) -> str:
     """A directory made by another node process, killed before it could remove it, with a rank's pipe inside."""
-    code = ("import os, sys; from launcher.node.training_dirs import make_training_dir; "
+    code = ("import os, sys; from launcher.node.torchrun.training_dirs import make_training_dir; "
             "path = make_training_dir(sys.argv[1]); os.mkfifo(os.path.join(path, 'rank-0.pipe')); print(path)")
     made = subprocess.run([sys.executable, "-c", code, node], capture_output=True, text=True,
                           env={**os.environ, "TMPDIR": tempfile.gettempdir()}, check=True)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.node.outputs import MANIFEST, OutputsSync, restore_newest
-from launcher.node.store import StoreError, WorkDir
+from launcher.protocol.outputs import MANIFEST, OutputsSync, restore_newest
+from launcher.protocol.store import StoreError, WorkDir
 
 MiB = 2**20
 MEMORY_LIMIT_MIB = 256  # the issue's goal for a node, whatever the size of its outputs
@@ -29,11 +29,11 @@ BIG = {"local": 4 * 1024 * MiB, "s3": 320 * MiB, "oci": 160 * MiB}
 # The child's peak is its VmHWM: getrusage's ru_maxrss counts what the parent held when it forked the child.
 CHILD = """
 import os, re, sys, threading
-from launcher.node.outputs import OutputsSync, restore_newest
-from launcher.node.store import WorkDir
+from launcher.protocol.outputs import OutputsSync, restore_newest
+from launcher.protocol.store import WorkDir
 url, node, directory, action = sys.argv[1:]
 if os.environ.get("HOLD_S3_PART"):  # S3 part HOLD_S3_PART is never sent: the upload stays under way until killed
-    import launcher.node.transfer as transfer
+    import launcher.protocol.transfer as transfer
     made = transfer._s3_client
     def holding(fs):
         client = made(fs)
@@ -336,8 +336,8 @@ def test_making_the_transfer_client_is_not_silence_from_the_store(s3_bucket, mon
     """Making a store's transfer client (botocore's models, s3transfer's threads) asks nothing of the store, but on a
     busy machine it took over the 2 s outage limit of the test below, and the download failed as 'no word from the
     store for 3s' before it had sent a request. Made slower than the limit here, it must not count."""
-    from launcher.node import transfer
-    from launcher.node.outage import Outage
+    from launcher.protocol import transfer
+    from launcher.protocol.outage import Outage
 
     made = transfer.for_store
 
@@ -363,7 +363,7 @@ def test_a_transfer_that_moves_bytes_is_no_outage_however_long_it_takes(s3_bucke
     """A slow link, and the download cut once after it had moved bytes for longer than the outage limit: the clock
     counts from the last byte, not from the download's start ('unreachable for 427s' of a transfer that was
     progressing), so it is tried again and succeeds."""
-    from launcher.node.outage import Outage
+    from launcher.protocol.outage import Outage
 
     url = f"s3://{s3_bucket}/wd/r"
     write_distinct(tmp_path / "up.pt", 24 * MiB)
@@ -380,8 +380,8 @@ def test_a_transfer_that_moves_bytes_is_no_outage_however_long_it_takes(s3_bucke
 def test_a_restore_says_how_far_it_came_and_stops_when_the_run_is_cancelled(s3_bucket, s3_proxy, tmp_path):
     """A long restore says its bytes so far of its total in the node's log, and a cancel read meanwhile ends it at
     once, leaving no file (not even a hidden one) behind."""
-    from launcher.node.control import StopRequest
-    from launcher.node.restore import RestoreStopped, restore_watched
+    from launcher.protocol.control import StopRequest
+    from launcher.node.recovery.restore import RestoreStopped, restore_watched
 
     url = f"s3://{s3_bucket}/wd/r"
     write_distinct(tmp_path / "node-a" / "ck.pt", 64 * MiB)
@@ -409,7 +409,7 @@ def test_a_node_restoring_a_big_checkpoint_says_how_far_and_stops_when_the_run_i
     from clirun import LiveCli, run_id_from
     from cluster import write_spec
     from conftest import run_cli
-    from launcher.node.rendezvous import Registration, register
+    from launcher.protocol.rendezvous import Registration, register
     from launcher.runs.preflight import RUN_RECORD
     from s3server import FaultyProxy
 

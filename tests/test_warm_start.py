@@ -17,9 +17,9 @@ import pytest
 from cluster import write_spec
 from clirun import run_id_from, wait_until
 from conftest import run_cli
-from launcher.node.spare import Spare
+from launcher.node.torchrun.spare import Spare
 from launcher.node.threads import usable_cores
-from launcher.node.warmstart import differing, entry_of, warm_starts_on
+from launcher.node.torchrun.warmstart import differing, entry_of, warm_starts_on
 
 # Written before `import torch`: whether torch was there already says whether this process started warm.
 PROBE = """
@@ -220,7 +220,7 @@ def test_a_taken_spare_says_whether_its_imports_were_done(monkeypatch, imports_d
     spare.prepare(1)
     if imports_done:
         assert select.select([spare.ready], [], [], 120)[0], "the spare never said its imports were done"
-    proc, imported = spare.take([sys.executable, "-m", "launcher.node.torchrun_shim", "--", "--help"],
+    proc, imported = spare.take([sys.executable, "-m", "launcher.node.torchrun.shim", "--", "--help"],
                                 dict(os.environ))
     output = proc.stdout.read().decode()  # its stdin is closed: the command went through it
     assert proc.wait(timeout=120) == 0 and "usage: torchrun" in output, output
@@ -283,7 +283,7 @@ def test_a_spare_taken_for_a_round_whose_environment_differs_says_so_in_the_node
     spare = Spare(said.append)
     spare.prepare(1)
     round_env = {**spare.env, "PYTHONHASHSEED": "7", "GLOO_SOCKET_IFNAME": "lo", "RANK": "0"}
-    proc, _ = spare.take([sys.executable, "-m", "launcher.node.torchrun_shim", "--", "--help"], round_env)
+    proc, _ = spare.take([sys.executable, "-m", "launcher.node.torchrun.shim", "--", "--help"], round_env)
     proc.stdout.read()
     assert proc.wait(timeout=120) == 0
     proc.stdout.close()
@@ -303,7 +303,7 @@ def test_only_this_interpreter_running_a_script_or_module_starts_warm(args, entr
 
 
 def test_a_warm_interpreter_nobody_takes_ends_at_once_when_its_torchrun_does(tmp_path):
-    code = ("import os, sys; from launcher.node.warmstart import WarmPool; pool = WarmPool(2, os.environ); "
+    code = ("import os, sys; from launcher.node.torchrun.warmstart import WarmPool; pool = WarmPool(2, os.environ); "
             "print(' '.join(str(w.proc.pid) for w in pool.ready), flush=True); pool.close()")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -18,9 +18,9 @@ import pytest
 from cluster import write_spec
 from conftest import run_cli
 from launcher.commands.watch import LogFollower
-from launcher.node.logship import LogShipper, next_chunk_name
-from launcher.node.ranklogs import RankLogs
-from launcher.node.store import StoreError, WorkDir
+from launcher.protocol.logship import LogShipper, next_chunk_name
+from launcher.node.torchrun.ranklogs import RankLogs
+from launcher.protocol.store import StoreError, WorkDir
 from launcher.runs.state import RunInfo
 
 BURSTS = """
@@ -59,7 +59,7 @@ def test_each_ranks_lines_come_in_order_under_its_global_rank_and_the_summary_sa
 
 
 def test_the_pipes_carry_the_rank_torchrun_gave_and_both_streams_in_order(tmp_path):
-    from launcher.node.rankpipes import RankPipes
+    from launcher.node.torchrun.rankpipes import RankPipes
 
     # As an elastic rendezvous may assign them: not node index x processes + local rank.
     envs = {local: {"RANK": rank, "TORCHELASTIC_RUN_ID": "r", "TORCHELASTIC_RESTART_COUNT": "0"}
@@ -82,7 +82,7 @@ def test_the_pipes_carry_the_rank_torchrun_gave_and_both_streams_in_order(tmp_pa
 def test_lines_of_a_process_that_ended_before_the_node_found_its_pipe_survive_torchruns_end(tmp_path):
     """What waits in a pipe is gone once nobody holds it open: torchrun, holding it, ends only after the node has
     it open, even when the process wrote and ended before the node first looked (the node ships its rank-exit)."""
-    from launcher.node import rankpipes
+    from launcher.node.torchrun import rankpipes
 
     envs = {0: {"RANK": "0", "TORCHELASTIC_RUN_ID": "r", "TORCHELASTIC_RESTART_COUNT": "0"}}
     specs = rankpipes.RankPipes(str(tmp_path / "logs"))

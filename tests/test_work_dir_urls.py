@@ -12,10 +12,10 @@ from pathlib import Path
 from clirun import init_project, run_id_from
 from cluster import write_spec
 from conftest import run_cli
-from launcher.node.logship import LogShipper
-from launcher.node.rendezvous import DECISION_KEY, Decision, Registration, register
-from launcher.node.status import status_key
-from launcher.node.store import WorkDir
+from launcher.protocol.logship import LogShipper
+from launcher.protocol.rendezvous import DECISION_KEY, Decision, Registration, register
+from launcher.protocol.status import status_key
+from launcher.protocol.store import WorkDir
 from launcher.runs.preflight import RUN_RECORD
 
 RANKS = {"zeta-main": 0, "alpha-worker-0": 1}  # the main sorts after its worker by name: shown in rank order

@@ -1,5 +1,5 @@
 """What backends share that start every node with one command and one environment and let each node take its
-name from the index the engine gives it (Slurm, a Kubernetes Indexed Job; :mod:`launcher.node.indexed`): the
+name from the index the engine gives it (Slurm, a Kubernetes Indexed Job; :mod:`launcher.node.engines.indexed`): the
 variables every node has, and what each group has of its own, which goes on the command line."""
 
 from __future__ import annotations

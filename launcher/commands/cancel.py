@@ -6,7 +6,7 @@ import time
 
 from launcher.backends import backend_for
 from launcher.errors import EXIT_OK
-from launcher.node.control import request_cancel
+from launcher.protocol.control import request_cancel
 from launcher.runs.state import resolve_run
 from launcher.runs.view import open_run, read_view
 

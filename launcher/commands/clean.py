@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 from launcher.errors import EXIT_BACKEND, EXIT_OK, BadInput, LauncherError
-from launcher.node.outage import Outage
-from launcher.node.store import WorkDir
+from launcher.protocol.outage import Outage
+from launcher.protocol.store import WorkDir
 from launcher.runs.attempts import current_url
 from launcher.runs.preflight import QUICK_DEADLINE_SECONDS, quick_work_dir, reading_work_dir
 from launcher.runs.state import RunInfo, all_runs, resolve_run
@@ -121,7 +121,7 @@ class _Readers:
 def unsynced_outputs(info: RunInfo, run: WorkDir) -> list[str]:
     """The temporary output files (``node/path``) newer than every write of that path a node's manifest in the
     work dir (``run``) lists as synced. Raises LauncherError when the work dir cannot be read."""
-    from launcher.node.outputs import MANIFEST, OUTPUTS_PREFIX
+    from launcher.protocol.outputs import MANIFEST, OUTPUTS_PREFIX
 
     local: dict[str, float] = {}
     for node_dir in sorted(temporary_outputs(info).glob("*/outputs")):

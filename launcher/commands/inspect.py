@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
 from launcher.gpus import describe
-from launcher.node.rounds import grouped_history
+from launcher.protocol.rounds import grouped_history
 from launcher.runs import attempts
 from launcher.runs.preflight import quick_work_dir
 from launcher.runs.state import RunInfo, all_runs, resolve_run
@@ -47,7 +47,7 @@ def _address(record: dict) -> str:
 
 def _rounds(info: RunInfo) -> dict | None:
     """A recovering run's current membership round, restarts and why each earlier round ended."""
-    from launcher.node.rounds import latest_round
+    from launcher.protocol.rounds import latest_round
 
     latest = latest_round(open_run(info))
     if latest is None:

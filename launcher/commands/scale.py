@@ -14,10 +14,10 @@ from launcher import node_names
 from launcher.backends import backend_for
 from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, BadInput
-from launcher.node.control import CONTROL_PREFIX, SCALE, leave_key, request_leave
-from launcher.node.events import scale_key
-from launcher.node.rounds import latest_round
-from launcher.node.store import WorkDir
+from launcher.protocol.control import CONTROL_PREFIX, SCALE, leave_key, request_leave
+from launcher.protocol.events import scale_key
+from launcher.protocol.rounds import latest_round
+from launcher.protocol.store import WorkDir
 from launcher.runs import state
 from launcher.runs.state import RunInfo, resolve_run
 from launcher.runs.view import RunView, open_run, read_view

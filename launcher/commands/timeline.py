@@ -8,7 +8,7 @@ from pathlib import Path
 
 from launcher.commands.inspect import _table
 from launcher.errors import EXIT_OK, BackendError, BadInput
-from launcher.node import events as node_events
+from launcher.protocol import events as node_events
 from launcher.runs import timeline as tl
 from launcher.runs.state import resolve_run
 from launcher.wording import plural

@@ -16,10 +16,10 @@ from typing import Iterable, Iterator, TextIO
 from launcher.backends import backend_for
 from launcher.backends.base import Backend
 from launcher.errors import EXIT_BACKEND, EXIT_OK, EXIT_RUN_FAILED, BadInput
-from launcher.node.control import CONTROL_PREFIX
-from launcher.node.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
-from launcher.node.status import STATUS_PREFIX
-from launcher.node.store import StoreError
+from launcher.protocol.control import CONTROL_PREFIX
+from launcher.protocol.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
+from launcher.protocol.status import STATUS_PREFIX
+from launcher.protocol.store import StoreError
 from launcher.runs.attempts import current_url, started_line
 from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo, reread, resolve_run

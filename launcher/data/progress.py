@@ -16,7 +16,7 @@ from typing import Any
 from launcher.data.intervals import Interval
 from launcher.data.plan import Plan
 from launcher.data.records import plan_key, progress_key
-from launcher.node.store import WorkDir
+from launcher.protocol.store import WorkDir
 
 UNKNOWN_ATTEMPT = "-"  # an epoch that no attempt got to record, known done from what came after it
 

@@ -12,7 +12,7 @@ import threading
 import warnings
 from typing import Any, Callable
 
-from launcher.node.store import WorkDir
+from launcher.protocol.store import WorkDir
 
 Snapshot = Callable[[], dict[str, Any]]
 

@@ -70,7 +70,7 @@ class ElasticSampler(Sampler[int]):
         if url is None:
             self._recorder = None
         else:
-            from launcher.node.store import WorkDir
+            from launcher.protocol.store import WorkDir
 
             self._recorder = Recorder(WorkDir(url))
         self._loaded: dict[str, Any] | None = None

@@ -28,8 +28,8 @@ import time
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from launcher import node_names
-from launcher.node.status import FINAL_STATES, status_key
-from launcher.node.store import WorkDir
+from launcher.protocol.status import FINAL_STATES, status_key
+from launcher.protocol.store import WorkDir
 
 NODE_GROUP = "LAUNCHER_NODE_GROUP"
 SERVICE_RANK = "NODE_RANK"

@@ -1,6 +1,6 @@
 """What the parent of a node's bootstrap on the node's own machine does when the bootstrap died without reporting
 (SIGKILL, OOM): say how it ended, stop its training processes and sync its outputs. The local backend's
-supervisor is that parent for local nodes, :mod:`launcher.node.slurm` for a Slurm node's task."""
+supervisor is that parent for local nodes, :mod:`launcher.node.engines.slurm` for a Slurm node's task."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import shutil
 import signal
 from typing import Iterable
 
-from launcher.node.exits import killed_by, signal_name
-from launcher.node.outputs import OutputsSync, remove_temporary
-from launcher.node.stacks import live_training_pids
-from launcher.node.status import FINAL_STATES
-from launcher.node.store import WorkDir
+from launcher.protocol.exits import killed_by, signal_name
+from launcher.protocol.outputs import OutputsSync, remove_temporary
+from launcher.node.diagnosis.stacks import live_training_pids
+from launcher.protocol.status import FINAL_STATES
+from launcher.protocol.store import WorkDir
 
 
 def describe(returncode: int) -> tuple[int, str]:

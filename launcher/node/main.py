@@ -21,29 +21,29 @@ import time
 from typing import IO
 
 from launcher.gpus import accelerator_report, visible_gpus
-from launcher.node import outputs as outputs_mod
-from launcher.node.cause import Cause, diagnose, lost_a_peer
-from launcher.node.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
-from launcher.node.recovery_loop import RecoveryLoop, round_end_text, round_ended
-from launcher.node.rounds import Rounds
-from launcher.runs.recovery import LEAVE, RoundEnd
-from launcher.node.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
-from launcher.node.childproc import ExitEvent, die_with_parent, terminate
-from launcher.node.exits import EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, signal_name
-from launcher.node.hangwatch import HangWatch
-from launcher.node.logship import LogShipper
+from launcher.protocol import outputs as outputs_mod
+from launcher.node.diagnosis.cause import Cause, diagnose, lost_a_peer
+from launcher.protocol.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
+from launcher.node.recovery.loop import RecoveryLoop, round_end_text, round_ended
+from launcher.protocol.rounds import Rounds
+from launcher.protocol.recovery import LEAVE, RoundEnd
+from launcher.protocol.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
+from launcher.node.torchrun.childproc import ExitEvent, die_with_parent, terminate
+from launcher.protocol.exits import EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, signal_name
+from launcher.node.diagnosis.hangwatch import HangWatch
+from launcher.protocol.logship import LogShipper
 from launcher.node.netutil import free_port, node_address
-from launcher.node.outcome import Ended, Outcome, decide
-from launcher.node.ranklogs import RankLogs
-from launcher.node.restore import restore_watched
-from launcher.node.rendezvous import (Decision, RendezvousError, RendezvousStopped,
+from launcher.node.diagnosis.outcome import Ended, Outcome, decide
+from launcher.node.torchrun.ranklogs import RankLogs
+from launcher.node.recovery.restore import restore_watched
+from launcher.protocol.rendezvous import (Decision, RendezvousError, RendezvousStopped,
                                       RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
-from launcher.node.spare import Spare
+from launcher.node.torchrun.spare import Spare
 from launcher.node.threads import share_threads, usable_cores
-from launcher.node.training_dirs import make_training_dir
-from launcher.node.status import StatusRecord, status_key
-from launcher.node.store import StoreError, WorkDir
+from launcher.node.torchrun.training_dirs import make_training_dir
+from launcher.protocol.status import StatusRecord, status_key
+from launcher.protocol.store import StoreError, WorkDir
 from launcher.wording import plural
 
 HEARTBEAT_SECONDS = 10.0
@@ -101,8 +101,8 @@ class Node:
     def _on_time_limit_notice(self, seconds: int) -> None:
         """Slurm's notice that the job's time limit is ``seconds`` away: every node stops (the record is the run's
         cause for every reader and peer), training with SIGTERM and most of the notice to save."""
-        from launcher.node import slurm_limit
-        from launcher.node.control import SLURM_JOB, record_engine_end
+        from launcher.node.engines import slurm_limit
+        from launcher.protocol.control import SLURM_JOB, record_engine_end
 
         reason = slurm_limit.notice_reason(os.environ.get(SLURM_JOB, "?"), seconds)
         grace = slurm_limit.ranks_grace(seconds) + STOP_GRACE_SECONDS  # torchrun ends its ranks first
@@ -116,7 +116,7 @@ class Node:
             self.ending.set()  # a restore under way stops; the rendezvous stops on the record
 
     def main(self) -> int:
-        from launcher.node import slurm_limit
+        from launcher.node.engines import slurm_limit
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
@@ -223,7 +223,7 @@ class Node:
 
     def train(self, decision: Decision, rounds: Rounds | None = None, number: int = 0) -> Outcome:
         """One torchrun run with ``decision``; in a recovering run it also ends when the round does."""
-        from launcher.node.torchrun import checkpoint_dir, torchrun_argv, training_env
+        from launcher.node.torchrun.command import checkpoint_dir, torchrun_argv, training_env
 
         settings = self.settings
         # the contract promises both directories exist: programs save into them without creating them
@@ -409,7 +409,7 @@ class Node:
 
     def finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False,
                 details: dict | None = None) -> int:
-        from launcher.node.control import settle_signal
+        from launcher.protocol.control import settle_signal
 
         state, reason, exit_code = settle_signal(self.run, self.signalled, state, reason, exit_code)
         kept = outputs_mod.kept_record(self.settings.outputs_dir, self.sync.unsynced())

@@ -4,11 +4,11 @@ The address, first match wins (no packet is sent to find it):
 
 1. ``LAUNCHER_NODE_ADDRESS`` (the local backend and docker on the host network set it);
 2. OCI Data Science multi-node runs: this node's entry in ``CLUSTER_NODES_METADATA_FILE``
-   (:mod:`launcher.node.ocicluster`);
+   (:mod:`launcher.node.engines.ocicluster`);
 3. OCI per-node runs on a subnet of yours: the interface whose address lies in the subnet's CIDR;
 4. the interface a user named in ``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME``;
 5. Slurm: the interface that holds the address Slurm reaches this node at (its NodeAddr, which
-   :mod:`launcher.node.slurm` puts in ``LAUNCHER_SLURM_NODE_ADDRESS``);
+   :mod:`launcher.node.engines.slurm` puts in ``LAUNCHER_SLURM_NODE_ADDRESS``);
 6. the source address of the kernel's default route.
 
 Where the choice is an interface, ``NCCL_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME`` are set to it
@@ -88,7 +88,7 @@ def route_address() -> str:
 def node_address(*, timeout: float, say: Callable[[str], None],
                  env: MutableMapping[str, str] = os.environ) -> NodeAddress:
     """This node's address (see the module's order); sets the socket interface variables in ``env`` for training."""
-    from launcher.node import ocicluster
+    from launcher.node.engines import ocicluster
 
     override = env.get("LAUNCHER_NODE_ADDRESS")
     if override:

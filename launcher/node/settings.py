@@ -10,7 +10,7 @@ from typing import Callable, Mapping
 
 from launcher import node_names
 from launcher.node import identity
-from launcher.node.store import StoreError
+from launcher.protocol.store import StoreError
 from launcher.node.threads import MACHINE_NODES_VAR
 
 
@@ -35,12 +35,12 @@ class NodeSettings:
     outputs_dir: str
     outputs_temporary: bool  # launcher chose the directory: removed once its files are in the work dir
     outputs_sync_interval: float
-    recovery: dict | None  # {"minNodes", "maxRestarts", "retryOn"}: membership rounds (launcher.node.rounds)
+    recovery: dict | None  # {"minNodes", "maxRestarts", "retryOn"}: membership rounds (launcher.protocol.rounds)
     max_runtime: float | None  # seconds from the node's start, then the run fails
     hang_timeout: float | None  # seconds without a line from any training process, then the run fails
     resume_from: str | None
     incarnation: int = 0  # 0: the node as first started; n: its n-th replacement (same name)
-    # a recovering round trains this long before its node starts the next round's spare torchrun (launcher.node.spare)
+    # a recovering round trains this long before its node starts the next round's spare torchrun (launcher.node.torchrun.spare)
     spare_after: float = 0.0
     restore_from: tuple[str, ...] = ()  # a run retried whole: its earlier attempts (launcher.runs.attempts)
     machine_nodes: int = 1  # nodes of the run on this node's machine, where the backend knows (launcher.node.threads)

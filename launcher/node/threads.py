@@ -4,7 +4,7 @@ torch sizes its intra-op thread pool (OpenMP's) once, from ``OMP_NUM_THREADS``, 
 process takes every core of the machine. torchrun sets 1 only for several processes under one torchrun, but the
 backends that put several nodes on one machine (local, docker, compose) start a torchrun per node: 2 nodes of
 1 process on 2 cores ran 4 threads on 2 cores, 7x slower than with 1 each. So the node sets ``OMP_NUM_THREADS`` to
-its processes' share, unless the user set it, before its spare torchrun starts (:mod:`launcher.node.spare`: the
+its processes' share, unless the user set it, before its spare torchrun starts (:mod:`launcher.node.torchrun.spare`: the
 warm interpreters import torch then, and a value set later would not reach their pools).
 
 The share: usable cores // training processes on this machine, at least 1.

@@ -2,7 +2,7 @@
 
 Where a backend cannot start one lost node again (OCI native mode: a job run's replicas start and end
 together), a run whose node is lost, or whose training fails, ends its attempt. The recovery policy
-(:mod:`launcher.runs.recovery`: ``maxRestarts``, ``retryOn``) then decides, as it does for rounds, whether
+(:mod:`launcher.protocol.recovery`: ``maxRestarts``, ``retryOn``) then decides, as it does for rounds, whether
 the run is started again: the new attempt's nodes first restore the newest copy of every output file of
 every attempt before (checkpoints included), as ``--resume-from`` does, without the user asking.
 
@@ -25,10 +25,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from launcher.runs.recovery import FAILURE, KILLED, LOST, Policy, RoundEnd, said
+from launcher.protocol.recovery import FAILURE, KILLED, LOST, Policy, RoundEnd, said
 
 if TYPE_CHECKING:
-    from launcher.node.store import WorkDir
+    from launcher.protocol.store import WorkDir
     from launcher.runs.state import RunInfo
     from launcher.runs.view import RunView
 
@@ -148,7 +148,7 @@ def attempt_end(view: RunView, store: WorkDir) -> RoundEnd | str:
     lost first (the others' failures follow from it), else the first failure (killed, when its processes were
     killed from outside); or why it is not retried at all (a cancel; the run's own limit; rounds that gave up under
     the policy already)."""
-    from launcher.node.rounds import latest_round
+    from launcher.protocol.rounds import latest_round
 
     if view.cancel is not None:
         return f"not retried: the run was cancelled ({view.cancel.get('reason', 'by user')})"
@@ -177,7 +177,7 @@ def next_attempt(view: RunView, store: WorkDir, recovery: Mapping[str, Any], bef
     """Attempt ``n + 1`` after the failed attempt ``before`` (None: the first) seen in ``view``: started when the
     policy has a restart left for how it ended. Restarts are counted across attempts, with those the attempt's
     own rounds used."""
-    from launcher.node.rounds import latest_round
+    from launcher.protocol.rounds import latest_round
 
     number = (before.number if before else 1) + 1
     info = view.info

@@ -31,9 +31,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional
 
 from launcher.backends.base import NodeFate
-from launcher.node.control import cancel_requested
-from launcher.node.status import FINAL_STATES, status_key
-from launcher.node.store import WorkDir
+from launcher.protocol.control import cancel_requested
+from launcher.protocol.status import FINAL_STATES, status_key
+from launcher.protocol.store import WorkDir
 
 INCARNATION = "LAUNCHER_NODE_INCARNATION"
 

@@ -19,9 +19,9 @@ import time
 from typing import Any
 
 from launcher.errors import BackendError, BadInput
-from launcher.node.outage import Outage, deadline_from_env
-from launcher.node.outputs import OUTPUTS_PREFIX
-from launcher.node.store import StoreError, WorkDir
+from launcher.protocol.outage import Outage, deadline_from_env
+from launcher.protocol.outputs import OUTPUTS_PREFIX
+from launcher.protocol.store import StoreError, WorkDir
 from launcher.workdirs import REMOTE_SCHEMES, scheme, unusable_reason
 
 RUN_RECORD = "run.json"

@@ -34,7 +34,7 @@ from launcher.runs import attempts
 from launcher.runs.attempts import Attempt
 
 if TYPE_CHECKING:
-    from launcher.node.store import WorkDir
+    from launcher.protocol.store import WorkDir
     from launcher.runs.state import RunInfo
 
 CLAIM_STALE_SECONDS = 120.0
@@ -157,7 +157,7 @@ def _start(top: WorkDir, engine: AttemptEngine, info: RunInfo, attempt: Attempt,
     with held_interrupts() as interrupted:  # a Ctrl-C to the command that follows waits until the start is recorded
         started = engine.start(info, attempt)
         if started.units and _cancelled(before, attempt.url):  # cancelled while it was being started
-            from launcher.node.control import request_cancel
+            from launcher.protocol.control import request_cancel
             from launcher.runs.preflight import reading_work_dir
 
             request_cancel(reading_work_dir(attempt.url), "the run was cancelled while this attempt started")
@@ -169,7 +169,7 @@ def _start(top: WorkDir, engine: AttemptEngine, info: RunInfo, attempt: Attempt,
 
 
 def _cancelled(*urls: str) -> bool:
-    from launcher.node.control import cancel_requested
+    from launcher.protocol.control import cancel_requested
     from launcher.runs.preflight import reading_work_dir
 
     return any(cancel_requested(reading_work_dir(url)) for url in urls)

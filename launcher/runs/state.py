@@ -12,7 +12,7 @@ from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
 
 if TYPE_CHECKING:
-    from launcher.node.store import WorkDir
+    from launcher.protocol.store import WorkDir
 
 
 RECORD_BACKENDS = ("local", "docker", "oci", "slurm")  # the backends a run.json may name, besides compose
@@ -184,7 +184,7 @@ def _same_place(first: str, second: str) -> bool:
 def _info_from_records(url: str) -> tuple[RunInfo, int]:
     """A run's record rebuilt from its work dir (run.json, the decision, statuses and registrations), and
     how many nodes run.json says it has."""
-    from launcher.node.rendezvous import DECISION_KEY
+    from launcher.protocol.rendezvous import DECISION_KEY
     from launcher.runs.preflight import RUN_RECORD, reading_work_dir
 
     run = reading_work_dir(url)
@@ -215,8 +215,8 @@ def _backend_of(recorded: Any) -> tuple[str, dict[str, Any]]:
 
 def _node_names(run: WorkDir, ranks: Any) -> list[str]:
     """The nodes a run's work dir names (decision, statuses, registrations), in rank order where decided."""
-    from launcher.node.rendezvous import NODES_PREFIX, parse_node_key
-    from launcher.node.status import STATUS_PREFIX
+    from launcher.protocol.rendezvous import NODES_PREFIX, parse_node_key
+    from launcher.protocol.status import STATUS_PREFIX
 
     ranks = {name: rank for name, rank in ranks.items() if isinstance(rank, int)} if isinstance(ranks, dict) else {}
     names = set(ranks) | {key.removesuffix(".json") for key in run.list(STATUS_PREFIX) if key.endswith(".json")}

@@ -63,7 +63,7 @@ def submit(backend: Backend, request: DryRun, *, detach: bool, verbose: bool, ou
                 info.submission = "failed"
             state.save(info)
     if interrupted:
-        from launcher.node.control import request_cancel
+        from launcher.protocol.control import request_cancel
 
         out.write(f"\ninterrupted while starting run {plan.run_id}: stopping what was started\n")
         request_cancel(run, "interrupted during submission")

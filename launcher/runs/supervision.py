@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterable
 from launcher.backends.base import NodeFate
 from launcher.errors import BackendError
 from launcher.fileio import atomic_write
-from launcher.node.control import cancel_requested, record_failure
-from launcher.node.status import FINAL_STATES, status_key
-from launcher.node.store import WorkDir
+from launcher.protocol.control import cancel_requested, record_failure
+from launcher.protocol.status import FINAL_STATES, status_key
+from launcher.protocol.store import WorkDir
 
 CONSOLE_PREFIX = "console"  # in the work dir: consoles of nodes that could not save their own logs
 # A node that exited EXIT_STORE gave up on the work dir (unreachable for LAUNCHER_STORE_DEADLINE, or unusable):
@@ -145,8 +145,8 @@ def end_round_for_lost_node(run: WorkDir, name: str, status: dict[str, Any], exi
                             console_log: str, at: float | None, *, replaced: bool = False) -> None:
     """A member of a recovering run died: end its round (the others meet in the next, waiting for its
     replacement where ``replaced``: its supervisor starts one) and mark it lost."""
-    from launcher.node.rounds import Rounds
-    from launcher.runs.recovery import LOST, RoundEnd
+    from launcher.protocol.rounds import Rounds
+    from launcher.protocol.recovery import LOST, RoundEnd
 
     ended_at = time.time() if at is None else at
     Rounds.end_for(run, int(status["round"]), RoundEnd(name, LOST, reason, exit_code, ended_at, replaced))
@@ -158,8 +158,8 @@ def end_round_for_lost_node(run: WorkDir, name: str, status: dict[str, Any], exi
 def replacement_refused(run: WorkDir, name: str, status: dict[str, Any]) -> None:
     """The replacement of lost node ``name`` could not be started: its end record stops saying one is coming, so
     the next round no longer waits for it (recovery.replacementWait)."""
-    from launcher.node.rounds import end_key
-    from launcher.runs.recovery import LOST, RoundEnd
+    from launcher.protocol.rounds import end_key
+    from launcher.protocol.recovery import LOST, RoundEnd
 
     if status.get("round") is None:
         return
@@ -171,8 +171,8 @@ def replacement_refused(run: WorkDir, name: str, status: dict[str, Any]) -> None
 
 def replacement_wanted(run: WorkDir, recovery: dict[str, Any] | None, replaced: int) -> bool:
     """Whether a backend should start a lost node again: the run recovers, has restarts left, goes on."""
-    from launcher.node.rounds import latest_round
-    from launcher.runs.recovery import Policy
+    from launcher.protocol.rounds import latest_round
+    from launcher.protocol.recovery import Policy
 
     if not recovery or not Policy.from_settings(recovery).replaces(replaced) or cancel_requested(run):
         return False

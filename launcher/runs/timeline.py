@@ -1,6 +1,6 @@
 """A run's timeline: every phase of every node with its time, from the work dir's records.
 
-The nodes record the phases no other record times (:mod:`launcher.node.events`); the others come from
+The nodes record the phases no other record times (:mod:`launcher.protocol.events`); the others come from
 the records that already hold their time: ``run.json`` (submitted), the status records (the final state,
 and for a node that died without reporting, its death as its supervisor saw it), the round end records
 (deaths seen, rounds ended, nodes joining or leaving), the control markers (cancel, leave requests) and
@@ -16,18 +16,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
-from launcher.node import events as node_events
-from launcher.node.control import CANCEL, CONTROL_PREFIX, LIMIT
-from launcher.node.rounds import ROUNDS_PREFIX
-from launcher.node.status import FINAL_STATES, STATUS_PREFIX
-from launcher.node.store import WorkDir
-from launcher.runs.recovery import JOIN, LEAVE, LOST
+from launcher.protocol import events as node_events
+from launcher.protocol.control import CANCEL, CONTROL_PREFIX, LIMIT
+from launcher.protocol.rounds import ROUNDS_PREFIX
+from launcher.protocol.status import FINAL_STATES, STATUS_PREFIX
+from launcher.protocol.store import WorkDir
+from launcher.protocol.recovery import JOIN, LEAVE, LOST
 
 if TYPE_CHECKING:
     from launcher.runs.attempts import Attempt
     from launcher.runs.state import RunInfo
 
-# Phases derived from records (the nodes' own are launcher.node.events').
+# Phases derived from records (the nodes' own are launcher.protocol.events').
 SUBMITTED = "submitted"  # the client wrote run.json, just before it started the nodes
 ATTEMPT = "attempt"  # a run retried whole: attempt n was started (its start claim)
 ATTEMPT_ENDED = "attempt-ended"  # a run retried whole: attempt n ended (its cause's time), and what came of it

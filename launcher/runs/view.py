@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.backends.base import Backend, NodeFate
-from launcher.node.control import CANCEL, CONTROL_PREFIX, LIMIT, node_label, record_failure
-from launcher.node.rendezvous import DECISION_KEY
-from launcher.node.status import FINAL_STATES, status_key
-from launcher.node.store import StoreError, WorkDir
+from launcher.protocol.control import CANCEL, CONTROL_PREFIX, LIMIT, node_label, record_failure
+from launcher.protocol.rendezvous import DECISION_KEY
+from launcher.protocol.status import FINAL_STATES, status_key
+from launcher.protocol.store import StoreError, WorkDir
 from launcher.runs.attempts import Attempt, current_url, history
 from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo
@@ -176,7 +176,7 @@ def _round_decision(run: WorkDir) -> dict[str, Any]:
     """A recovering run's current decision: that of its latest membership round, with the round's number."""
     from dataclasses import asdict
 
-    from launcher.node.rounds import latest_round
+    from launcher.protocol.rounds import latest_round
 
     latest = latest_round(run)
     return {**asdict(latest.decision), "round": latest.number} if latest and latest.decision else {}
@@ -232,7 +232,7 @@ def closing_line(view: RunView) -> str:
 def kept_outputs(view: RunView) -> list[str]:
     """``node t-main: not in the work dir, kept in DIR: checkpoints/ck.pt`` for each node that recorded files its
     outputs sync could not upload (in its final status, or its failure marker when the status did not fit)."""
-    from launcher.node.outputs import KEPT, kept_text
+    from launcher.protocol.outputs import KEPT, kept_text
 
     records = {failure.get("node"): failure for failure in view.failures if failure.get(KEPT)}
     records.update({name: status for name, status in view.statuses.items() if status.get(KEPT)})
@@ -288,8 +288,8 @@ def _exited(failure: dict[str, Any]) -> str:
 
 def _rounds(root: dict[str, Any]) -> list[str]:
     """A recovering run's rounds, each way they ended once; the cause, shown above, is not repeated."""
-    from launcher.node.rounds import grouped_history
-    from launcher.runs.recovery import RoundEnd, said
+    from launcher.protocol.rounds import grouped_history
+    from launcher.protocol.recovery import RoundEnd, said
 
     cause = said(RoundEnd.from_record(root["stopped_by"])) if root.get("stopped_by") else None
     return grouped_history(root.get("rounds") or [], cause)

@@ -50,7 +50,7 @@ class Elastic:
 class Recovery:
     max_restarts: int
     retry_on: tuple[str | int, ...]  # "lost", "failure", or exit codes
-    replacement_wait: int = 30  # seconds a round waits for a lost node's replacement (launcher.node.rounds)
+    replacement_wait: int = 30  # seconds a round waits for a lost node's replacement (launcher.protocol.rounds)
 
 
 @dataclass(frozen=True)

@@ -124,8 +124,8 @@ def test_cancel_after_a_failure_keeps_the_failure_as_the_result(tmp_path, launch
     run_id = run_id_from(done.stdout)
     cancel = run_cli("cancel", run_id)
     assert cancel.returncode == 0 and "already ended: failed" in cancel.stdout
-    from launcher.node.control import request_cancel
-    from launcher.node.store import WorkDir
+    from launcher.protocol.control import request_cancel
+    from launcher.protocol.store import WorkDir
 
     request_cancel(WorkDir(f"{info_of(launcher_home, run_id)['work_dir']}/{run_id}"))  # a late marker
     status = json.loads(run_cli("status", run_id, "--json").stdout)

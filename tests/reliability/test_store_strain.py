@@ -22,7 +22,7 @@ from clirun import LiveCli, run_id_from
 from cluster import write_spec
 from conftest import require, run_cli
 from launcher.backends.local.processes import read_processes
-from launcher.node.store import StoreError, WorkDir
+from launcher.protocol.store import StoreError, WorkDir
 from launcher.runs.supervision import wait_for_exit
 
 # The job prints a step every 0.2 s until the test creates its release file: the run lasts as long as the test
@@ -205,7 +205,7 @@ def test_one_outage_is_one_limit_for_every_operation_of_a_process(tmp_path, own_
 
 def test_an_outage_shorter_than_the_limit_is_ridden_out_and_said_once(own_moto):
     said: list[str] = []
-    from launcher.node.outage import Outage
+    from launcher.protocol.outage import Outage
 
     store = WorkDir("s3://strain/runs/r2", fresh_instance=True, request_timeout=2, outage=Outage(60, said.append))
     _warm_up(store)
@@ -225,7 +225,7 @@ def test_a_request_the_store_never_answers_is_said_unreachable_while_it_waits(ow
     """P1 (issue 28): a request to a store that accepts it and never answers (paused) said nothing until it timed out
     (60 s for a node), so an outage shorter than that was never said. Now a request silent for half the limit (at
     most 5 s) begins the outage, said while that same request still waits; it is said to end when it is answered."""
-    from launcher.node.outage import Outage
+    from launcher.protocol.outage import Outage
 
     said: list[str] = []
     heard = threading.Event()
@@ -454,7 +454,7 @@ def test_a_failed_write_leaves_no_temporary_file(small_fs):
 
 def test_a_commands_clock_starts_afresh_once_it_has_said_the_store_is_gone(own_moto):
     """A command's reads end with the error; a program reading many runs in one process is never stuck on it."""
-    from launcher.node.outage import Outage
+    from launcher.protocol.outage import Outage
 
     store = WorkDir("s3://strain/runs/r3", fresh_instance=True, request_timeout=2, outage=Outage(3, for_good=False))
     _warm_up(store)

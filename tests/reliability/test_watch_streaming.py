@@ -10,9 +10,9 @@ import sys
 import time
 
 from launcher.commands.watch import LogFollower
-from launcher.node.logship import MAX_CHUNK_LINES, chunk_key
-from launcher.node.status import status_key
-from launcher.node.store import WorkDir
+from launcher.protocol.logship import MAX_CHUNK_LINES, chunk_key
+from launcher.protocol.status import status_key
+from launcher.protocol.store import WorkDir
 from launcher.runs import state
 
 NODES = ("a", "b")

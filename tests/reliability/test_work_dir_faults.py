@@ -22,8 +22,8 @@ from cluster import write_spec
 from conftest import SEED_004, run_cli
 from launcher.backends.local import LocalBackend
 from launcher.commands.watch import LogFollower
-from launcher.node.logship import LogShipper
-from launcher.node.store import StoreError, WorkDir
+from launcher.protocol.logship import LogShipper
+from launcher.protocol.store import StoreError, WorkDir
 from launcher.runs import state
 from launcher.runs.state import RunInfo
 from launcher.spec import load_spec
@@ -233,7 +233,7 @@ def test_an_unreachable_endpoint_whose_port_contains_412_is_not_an_existing_obje
 def test_permanent_errors_are_told_by_type_and_code_not_by_words_in_a_url():
     import botocore.exceptions
 
-    from launcher.node.store import is_permanent
+    from launcher.protocol.store import is_permanent
 
     wrapped = OSError(5, "denied")
     wrapped.__cause__ = botocore.exceptions.ClientError({"Error": {"Code": "InvalidAccessKeyId"}}, "PutObject")

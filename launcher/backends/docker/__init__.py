@@ -124,7 +124,7 @@ class DockerBackend(Backend):
         from launcher.backends.docker.launch import engine_end_time, node_containers, remove_run
         from launcher.backends.docker.supervisor import node_ended
         from launcher.dockerengine import connect
-        from launcher.node.store import StoreError, WorkDir
+        from launcher.protocol.store import StoreError, WorkDir
         from launcher.runs.supervision import recorded_fate
 
         try:

@@ -10,7 +10,7 @@ from launcher.backends.base import Request
 from launcher.backends.docker.containers import INCARNATION_LABEL, NODE_LABEL, RUN_LABEL
 from launcher.dockerengine import api_error_text
 from launcher.errors import BackendError
-from launcher.node.exits import killed_by
+from launcher.protocol.exits import killed_by
 
 
 def describe_exit(exit_code: int, oom_killed: bool) -> str:

@@ -35,8 +35,8 @@ from launcher.backends.docker.containers import (NODE_LABEL, RUN_LABEL, added_no
 from launcher.backends.docker.launch import describe_exit, remove_run, start_container
 from launcher.dockerengine import api_error_text, connect
 from launcher.fileio import atomic_write
-from launcher.node.status import status_key
-from launcher.node.store import StoreError, WorkDir
+from launcher.protocol.status import status_key
+from launcher.protocol.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_gpus, read_added, write_added_record
 from launcher.runs.supervision import (EndRecorder, ProcessRef, console_log_path, record_on_behalf,
                                        replacement_refused, replacement_wanted, write_exit_record)

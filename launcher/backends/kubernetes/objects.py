@@ -1,6 +1,6 @@
 """A plan as Kubernetes objects: one headless Service and one ``batch/v1`` Indexed Job. Pure: no I/O.
 
-Every pod runs the same command; :mod:`launcher.node.kubernetes` takes its node from the pod's
+Every pod runs the same command; :mod:`launcher.node.engines.kubernetes` takes its node from the pod's
 ``JOB_COMPLETION_INDEX`` in the spec's order (index 0 the main), and each group's own variables from
 its arguments. The Job controller starts a failed pod's index again (``backoffLimitPerIndex``) only
 when the pod was lost: killed (exit 137: SIGKILL, the OOM killer), stopped from outside (exit 143: a SIGTERM
@@ -18,7 +18,7 @@ from typing import Any
 
 from launcher.backends.indexed import group_env, shared_env
 from launcher.errors import BadInput
-from launcher.node.indexed import group_argv
+from launcher.node.engines.indexed import group_argv
 from launcher.plan import Plan
 from launcher.secrets_mask import looks_secret
 from launcher.spec.model import KubernetesInfra
@@ -28,12 +28,12 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CONTAINER = "node"
 KILLED_EXIT = 137  # 128 + SIGKILL: killed from outside, or by the OOM killer
 # 128 + SIGTERM: the node stopped from outside with no launcher cancel (a pod deleted gracefully): lost
-# (launcher.node.control.LOST_ON_SIGTERM, EXIT_LOST); a launcher cancel ends the node 130, which ends the Job
+# (launcher.protocol.control.LOST_ON_SIGTERM, EXIT_LOST); a launcher cancel ends the node 130, which ends the Job
 TERMINATED_EXIT = 143
 # the Job controller counts a pod's failures for its index in this annotation (backoffLimitPerIndex)
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
 GPU_RESOURCE = "nvidia.com/gpu"
-NODE_ENTRY = "launcher.node.kubernetes"
+NODE_ENTRY = "launcher.node.engines.kubernetes"
 PYTHON = "python"  # the images launcher builds put their venv first on PATH
 
 

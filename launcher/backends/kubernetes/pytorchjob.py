@@ -6,7 +6,7 @@ The cluster is the one the Indexed Job runs (:mod:`.objects`): one ``Master`` re
 index 0) and ``Worker`` replicas (the spec's other nodes, in its order), the same image, resources, volumes,
 tolerations and the rest of the pod, and the same node bootstrap: every pod meets the others in the work dir, which
 elects the main and gives the ranks. The operator's own rendezvous variables (``MASTER_ADDR``, ``MASTER_PORT``,
-``WORLD_SIZE``, ``RANK`` and torchrun's ``PET_*``) are not used: the pod's entry (:mod:`launcher.node.pytorchjob`)
+``WORLD_SIZE``, ``RANK`` and torchrun's ``PET_*``) are not used: the pod's entry (:mod:`launcher.node.engines.pytorchjob`)
 drops them before the bootstrap starts, so torchrun gets launcher's values only (it would otherwise take the
 operator's ``PET_RDZV_*`` as its rendezvous). Which node a pod is comes from the operator's labels (replica type
 and index); its incarnation from a claim in the work dir, since the operator starts a lost replica again under the
@@ -41,11 +41,11 @@ from launcher.plan import Plan
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
 CONTAINER = "pytorch"  # the operator sets its variables and ports on the container of this name only
-NODE_ENTRY = "launcher.node.pytorchjob"
+NODE_ENTRY = "launcher.node.engines.pytorchjob"
 MASTER, WORKER = "Master", "Worker"
 # the operator's pod labels (the training SDK's constants REPLICA_TYPE_LABEL, REPLICA_INDEX_LABEL)
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
-# what the pod's entry reads (launcher.node.pytorchjob)
+# what the pod's entry reads (launcher.node.engines.pytorchjob)
 REPLICA_TYPE_ENV = "LAUNCHER_REPLICA_TYPE"
 REPLICA_INDEX_ENV = "LAUNCHER_REPLICA_INDEX"
 POD_NAME_ENV = "LAUNCHER_POD_NAME"
@@ -109,7 +109,7 @@ def _replica(plan: Plan, kind: str, replicas: int, policy: str) -> dict[str, Any
         pod.pop(key, None)  # its own Services name the pods (launcher's nodes reach each other by address)
     body = container(plan)
     command = list(body["command"])
-    command[command.index("launcher.node.kubernetes")] = NODE_ENTRY
+    command[command.index("launcher.node.engines.kubernetes")] = NODE_ENTRY
     env = [item for item in body["env"] if FAILURE_COUNT not in json.dumps(item)]  # an Indexed Job's annotation
     env += [{"name": REPLICA_TYPE_ENV, "value": kind.lower()},
             {"name": REPLICA_INDEX_ENV, "valueFrom": {"fieldRef": {"fieldPath":

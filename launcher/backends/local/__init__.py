@@ -89,7 +89,7 @@ class LocalBackend(Backend):
         return request
 
     def _capacity(self, spec: Spec) -> str | None:
-        from launcher.node.warmstart import warm_starts_on
+        from launcher.node.torchrun.warmstart import warm_starts_on
 
         settings = {item.name: item.value for item in (*spec.cluster.env, *spec.runtime.env)}
         return capacity_problem(spec.cluster.node_count, spec.cluster.processes_per_node or 1,

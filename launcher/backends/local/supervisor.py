@@ -12,8 +12,8 @@ import time
 
 from launcher.backends.local.processes import write_processes
 from launcher.node.leftovers import describe, save_leftovers
-from launcher.node.status import status_key
-from launcher.node.store import StoreError, WorkDir
+from launcher.protocol.status import status_key
+from launcher.protocol.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_env, added_node_gpus, read_added, write_added_record
 from launcher.runs.supervision import (EndRecorder, ProcessRef, console_log_path, record_on_behalf,
                                        replacement_wanted, with_error_line, write_exit_record)

@@ -19,7 +19,7 @@ from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.backends.oci import bodies, logs
 from launcher.backends.oci.notes import recovery_notes
 from launcher.errors import BadInput
-from launcher.node.ocicluster import NETWORK_ENDPOINT, SUBNET
+from launcher.node.engines.ocicluster import NETWORK_ENDPOINT, SUBNET
 from launcher.ociauth import NODE_OBJECT_STORAGE_ENDPOINT, endpoint
 from launcher.plan import Plan
 from launcher.runs.state import RunInfo

@@ -20,7 +20,7 @@ from launcher.runs.attempts import Attempt
 
 if TYPE_CHECKING:
     from launcher.backends.oci import OciBackend
-    from launcher.node.store import WorkDir
+    from launcher.protocol.store import WorkDir
     from launcher.runs.state import RunInfo
 
 

@@ -24,8 +24,8 @@ from launcher.backends.slurm.batch import (asked_partition, attempt_argv, batch_
 from launcher.backends.slurm.engine import Job
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
-from launcher.node.status import status_key
-from launcher.node.store import WorkDir
+from launcher.protocol.status import status_key
+from launcher.protocol.store import WorkDir
 from launcher.plan import Plan
 from launcher.runs.incarnations import Incarnation
 from launcher.runs.state import RunInfo, runs_dir
@@ -70,7 +70,7 @@ class SlurmBackend(Backend):
             "a node that does not says so and fails"]
 
     def plan(self, spec: Spec, *, run_id: str | None = None, resume_from: str | None = None) -> tuple[Plan, list[str]]:
-        self.node_command = (python_of(infra_of(spec)), "-m", "launcher.node.slurm")
+        self.node_command = (python_of(infra_of(spec)), "-m", "launcher.node.engines.slurm")
         plan, notes = super().plan(spec, run_id=run_id, resume_from=resume_from)
         whose = "the spec's" if infra_of(spec).python else "this launcher's own"
         notes.append(f"the nodes run {spec.base_dir} as it is, from a filesystem every node shares with this "
@@ -295,7 +295,7 @@ class SlurmBackend(Backend):
         """Submit the run's batch script as a one-node job for node ``node``, in ``attempt`` (number, restarts used)
         or the one the run is in now."""
         from launcher.backends.slurm import engine
-        from launcher.node.slurm import ATTEMPT, ONE_NODE
+        from launcher.node.engines.slurm import ATTEMPT, ONE_NODE
         from launcher.runs.attempts import CURRENT
 
         now = info.backend_ids.get(CURRENT)
@@ -345,7 +345,7 @@ class SlurmBackend(Backend):
         """A job that can never start (Slurm's reason for its wait is final), or that has waited past the run's limit,
         is cancelled, its reason recorded as the run's failure: one no node caused, since none ran."""
         from launcher.backends.slurm import engine
-        from launcher.node.control import record_failure
+        from launcher.protocol.control import record_failure
 
         waited = time.time() - (scope.started_at or time.time())
         limit = float(info.backend_ids.get("pending_limit") or 0)
@@ -368,7 +368,7 @@ class SlurmBackend(Backend):
         a peer vanish, and said so; the run's cause is Slurm's reason, recorded once in the work dir for every
         reader (unless a node told first recorded it), dated when Slurm ended the job so that it comes before what
         followed from it."""
-        from launcher.node.control import cancel_requested, engine_end_key, record_engine_end
+        from launcher.protocol.control import cancel_requested, engine_end_key, record_engine_end
 
         run = scope.store or WorkDir(info.run_url)
         if cancel_requested(run) or run.get_record(engine_end_key(job.job_id)):
@@ -385,7 +385,7 @@ class SlurmBackend(Backend):
     def _record_outside_cancel(info: RunInfo, scope: Scope, job: Job) -> None:
         """The run's job was cancelled from outside launcher (scancel): the user's cancel, recorded as launcher
         cancel records its own, so that every reader says cancelled, and a recovering run is not retried."""
-        from launcher.node.control import cancel_requested, request_cancel
+        from launcher.protocol.control import cancel_requested, request_cancel
 
         run = scope.store or WorkDir(info.run_url)
         if not cancel_requested(run):

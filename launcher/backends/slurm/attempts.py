@@ -18,7 +18,7 @@ from launcher.errors import BackendError
 if TYPE_CHECKING:
     from launcher.backends.base import NodeFate
     from launcher.backends.slurm import SlurmBackend
-    from launcher.node.store import WorkDir
+    from launcher.protocol.store import WorkDir
     from launcher.runs.attempts import Attempt
     from launcher.runs.state import RunInfo
 
@@ -55,7 +55,7 @@ class SlurmJobs:
         from launcher import node_names
         from launcher.backends.slurm import engine
         from launcher.backends.slurm.batch import attempt_argv, job_name
-        from launcher.node.slurm import ATTEMPT
+        from launcher.node.engines.slurm import ATTEMPT
 
         which = (attempt.number, attempt.restarts)
         added = info.backend_ids.get("added") or {}

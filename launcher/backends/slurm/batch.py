@@ -1,7 +1,7 @@
 """A plan as one Slurm batch job: the exact ``sbatch`` command line and batch script. Pure: no I/O.
 
 The script exports what every node shares, runs the spec's ``setup`` lines and starts one task per
-node with ``srun``; each task runs :mod:`launcher.node.slurm`, which takes its node name from
+node with ``srun``; each task runs :mod:`launcher.node.engines.slurm`, which takes its node name from
 ``SLURM_NODEID`` in the spec's order (main first) and its group's own env from its arguments. Every
 option goes on the ``sbatch`` command line, one token each, never through a shell; the script's only
 shell is the user's ``setup``.
@@ -14,8 +14,8 @@ import sys
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from launcher.backends.indexed import group_env, shared_env
-from launcher.node.indexed import group_argv
-from launcher.node.slurm_limit import NOTICE_VARIABLE, ranks_grace
+from launcher.node.engines.indexed import group_argv
+from launcher.node.engines.slurm_limit import NOTICE_VARIABLE, ranks_grace
 from launcher.plan import Plan
 from launcher.spec.model import SlurmInfra, Spec
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from launcher.runs.state import RunInfo
 
 JOB_NAME_PREFIX = "launcher:"  # the job's name is this and the run id: how a run's jobs are found
-NODE_ENTRY = "launcher.node.slurm"
+NODE_ENTRY = "launcher.node.engines.slurm"
 CODE_DIR_VARIABLE = "LAUNCHER_CODE_DIR"
 SETUP_GUARD = ("set -e; trap 'code=$?; echo \"launcher: the spec'\"'\"'s setup failed on $(hostname) (exit $code): "
                "$BASH_COMMAND\" >&2' ERR\n")
@@ -155,7 +155,7 @@ def batch_script(plan: Plan, node_output: str) -> str:
 def one_node_argv(argv: Sequence[str], label: str) -> list[str]:
     """The run's ``sbatch`` command line for a one-node job of its batch script (a lost node started again, a node
     `launcher scale` adds), named after the run and ``label``; which node it runs comes through sbatch's
-    environment, which the script leaves as it is (:data:`launcher.node.slurm.ONE_NODE`)."""
+    environment, which the script leaves as it is (:data:`launcher.node.engines.slurm.ONE_NODE`)."""
     return ["--nodes=1" if token.startswith("--nodes=") else
             f"{token}:{label}" if token.startswith("--job-name=") else token for token in argv]
 

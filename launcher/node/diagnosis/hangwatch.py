@@ -1,0 +1,100 @@
+"""The hang watchdog (``hangTimeout``): when every training process of this node has been silent that long, take
+every rank's Python stack without stopping it (:mod:`launcher.node.diagnosis.stacks`) and name the culprit: a rank here
+outside any collective is what the others wait for; ranks that all wait in collectives give the culprit's node
+time to name itself, else point at peers whose ranks returned early, else at mismatched collectives."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from launcher.protocol.control import StopRequest
+from launcher.node.torchrun.ranklogs import RankLogs
+from launcher.protocol.status import StatusRecord, status_key
+from launcher.protocol.store import StoreError, WorkDir
+
+HANG_PEER_GRACE_SECONDS = 10.0  # how long a hung node whose ranks all wait in collectives waits for the culprit's
+STACK_LINES_SHOWN = 12
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A hang seen: this node's failure, or the stop a peer asked for meanwhile (the culprit named itself)."""
+
+    failure: str | None = None
+    stop: StopRequest | None = None
+
+
+class HangWatch:
+    def __init__(self, timeout: float | None, processes: int, stacks_dir: str, *, node: str, nodes: list[str],
+                 run: WorkDir, status: StatusRecord, say: Callable[[str], None]):
+        self.timeout = timeout
+        self.processes = processes
+        self.stacks_dir = stacks_dir
+        self.node = node
+        self.nodes = nodes
+        self.run = run
+        self.status = status
+        self.say = say
+        self.ranks_ended = False  # every training process here ended well; torchrun waits for the other nodes
+
+    def check(self, rank_logs: RankLogs, training_started: float,
+              await_stop: Callable[[float], StopRequest | None]) -> Verdict | None:
+        """None while no hang is seen (or the ranks here ended well); else what it means for this node."""
+        timeout = self.timeout
+        now = time.monotonic()
+        if not timeout or self.ranks_ended or any(now - rank_logs.last_output.get(local, training_started) < timeout
+                                                  for local in range(self.processes)):
+            return None
+        return self._diagnose(rank_logs, timeout, await_stop)
+
+    def _diagnose(self, rank_logs: RankLogs, timeout: float,
+                  await_stop: Callable[[float], StopRequest | None]) -> Verdict | None:
+        from launcher.node.diagnosis.stacks import capture
+
+        def label(local: int) -> str:
+            rank = rank_logs.global_rank(local)
+            return f"local rank {local}" if rank is None else f"rank {rank}"
+
+        captured = capture(self.stacks_dir, range(self.processes))
+        if len(captured.gone) == self.processes:  # they ended well (torchrun reports failures at once): torchrun
+            self.ranks_ended = True               # waits at its exit barrier for the other nodes; not a hang here
+            self.say("every training process here has ended (exit status 0); torchrun waits for the other nodes")
+            self.status.update(training_processes="ended")
+            return None
+        stacks = captured.stacks
+        for local, stack in sorted(stacks.items()):
+            state = "waits in a collective" if stack.waiting else "is not in any collective"
+            self.say(f"hung for {timeout:g}s: {label(local)} {state}; its stack, most recent call first:")
+            for frame in stack.frames[:STACK_LINES_SHOWN]:
+                self.say(f"  {frame}")
+        stuck = [stack for _, stack in sorted(stacks.items()) if not stack.waiting]
+        if stuck:
+            where = stuck[0].innermost_user_frame or (stuck[0].frames[0] if stuck[0].frames else "an unknown place")
+            waiting = [label(local) for local, stack in sorted(stacks.items()) if stack.waiting]
+            return Verdict(f"hung: {label(stuck[0].local_rank)} made no progress for {timeout:g}s outside any "
+                           f"collective, at {where}" + (f" ({', '.join(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it)" if waiting else ""))
+        silent = ", ".join(label(local) for local in range(self.processes))
+        if not stacks:
+            return Verdict(f"hung: no training process wrote a line for {timeout:g}s (silent: {silent}); no stack "
+                           "could be read")
+        stop = await_stop(HANG_PEER_GRACE_SECONDS)  # the culprit's node names itself
+        if stop:
+            return Verdict(stop=stop)
+        ended = self._peers_that_ended()
+        if ended:
+            return Verdict(f"hung: {silent} waited {timeout:g}s in a collective for {', '.join(ended)}, whose "
+                           "training processes ended with exit status 0: the entry point returned there before "
+                           "training was over (e.g. before init_process_group)")
+        return Verdict(f"hung: {silent} waited {timeout:g}s in a collective and no node has a rank outside one "
+                       "(mismatched collectives across ranks, or a rank that is gone)")
+
+    def _peers_that_ended(self) -> list[str]:
+        """Peers whose training processes all ended well, while this node's wait for them."""
+        try:
+            statuses = {node: self.run.get_record(status_key(node)) for node in self.nodes if node != self.node}
+        except StoreError:
+            return []
+        return [node for node, status in statuses.items()
+                if status.get("state") == "succeeded" or status.get("training_processes") == "ended"]

@@ -1,0 +1,1 @@
+"""A recovering node: its membership rounds one after another, and its restores."""
