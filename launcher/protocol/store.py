@@ -14,11 +14,11 @@ import os
 import random
 import threading
 import time
-import uuid
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from launcher.errors import EXIT_BACKEND, LauncherError
 from launcher.protocol.outage import Outage, Request, deadline_from_env
+from launcher.protocol.transfer import Cancelled, temporary_name
 from launcher.wording import plural
 
 if TYPE_CHECKING:
@@ -41,10 +41,6 @@ PERMANENT_NAMES = ("NoCredentialsError", "PartialCredentialsError", "NoRegionErr
 
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 60.0
 MIN_REQUEST_TIMEOUT_SECONDS = 1.0  # the last request of an outage that nearly reached its limit
-
-
-class Cancelled(Exception):
-    """A transfer stopped because its process is ending (the run was cancelled): never retried."""
 
 
 class StoreError(LauncherError):
@@ -389,12 +385,6 @@ def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def _protocols(fs: Any) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-def temporary_name(path: str) -> str:
-    """A hidden sibling: listings skip names starting with a dot, so readers never see partial files."""
-    head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}.{uuid.uuid4().hex}.tmp")
 
 
 def _write_temporary(path: str, data: bytes) -> str:

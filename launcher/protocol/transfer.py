@@ -23,11 +23,11 @@ import base64
 import hashlib
 import os
 import threading
+import uuid
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any, BinaryIO, Callable, Iterable, Protocol, Sequence, TypeVar
 
 from launcher.protocol.outage import Request
-from launcher.protocol.store import Cancelled, temporary_name
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -43,6 +43,16 @@ OCI_PARTS_IN_MEMORY = 6  # per process: at most 96 MiB of parts read and not yet
 OCI_MAX_PARTS = 10_000  # Object Storage's limit per upload: bigger files get bigger parts
 COPY_CHUNK = 8 * 2**20
 STREAM_CHUNK = 2**20
+
+
+class Cancelled(Exception):
+    """A transfer stopped because its process is ending (the run was cancelled): never retried."""
+
+
+def temporary_name(path: str) -> str:
+    """A hidden sibling: listings skip names starting with a dot, so readers never see partial files."""
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}.{uuid.uuid4().hex}.tmp")
 
 
 class Progress:

@@ -12,8 +12,7 @@ from typing import Callable
 
 from launcher.protocol.control import StopRequest
 from launcher.protocol.rendezvous import RendezvousStopped
-from launcher.protocol.store import Cancelled
-from launcher.protocol.transfer import Progress
+from launcher.protocol.transfer import Cancelled, Progress
 from launcher.wording import size_text
 
 PROGRESS_SECONDS = 5.0
