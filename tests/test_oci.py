@@ -401,7 +401,7 @@ def test_nodes_use_the_cluster_interface_not_the_default_route(project, sim, req
     if os.environ.get(IN_NETNS) != "1":
         rerun_in_a_network_namespace(request.node.nodeid)
         return
-    from launcher.node.netutil import route_address
+    from launcher.node.address import route_address
 
     assert route_address() == "127.1.0.1"  # the default route's card, which is the wrong one
     spec, env = project

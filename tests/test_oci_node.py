@@ -17,7 +17,8 @@ from launcher.backends.oci import logs
 from launcher.backends.oci.bodies import image_problem, ocir_reference
 from launcher.backends.oci.service import exit_code
 from launcher.node.identity import IdentityError, candidates, claim, first_choice
-from launcher.node.netutil import NodeAddress, holder, in_network, use_interface
+from launcher.node.address import use_interface
+from launcher.node.netutil import NodeAddress, holder, in_network
 from launcher.node.engines.ocicluster import ClusterAddressError, choose, metadata_address
 from launcher.protocol.store import WorkDir
 

@@ -32,7 +32,8 @@ from launcher.node.torchrun.childproc import ExitEvent, die_with_parent, termina
 from launcher.protocol.exits import EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, signal_name
 from launcher.node.diagnosis.hangwatch import HangWatch
 from launcher.protocol.logship import LogShipper
-from launcher.node.netutil import free_port, node_address
+from launcher.node.address import node_address
+from launcher.node.netutil import free_port
 from launcher.node.diagnosis.outcome import Ended, Outcome, decide
 from launcher.node.torchrun.ranklogs import RankLogs
 from launcher.node.recovery.restore import restore_watched
