@@ -5,7 +5,7 @@ starts, supervises and ends each round's training; this module decides which rou
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from launcher.protocol.control import LEFT
 from launcher.protocol.exits import EXIT_PEER_FAILED, EXIT_STORE
@@ -20,9 +20,34 @@ from launcher.protocol.recovery import JOIN, PEER, Policy, RoundEnd
 from launcher.wording import plural
 
 if TYPE_CHECKING:
-    from launcher.node.main import Node
+    from launcher.node.settings import NodeSettings
+    from launcher.protocol.control import ControlWatch
+    from launcher.protocol.events import EventLog
+    from launcher.protocol.rendezvous import Decision
+    from launcher.protocol.status import StatusRecord
+    from launcher.protocol.store import WorkDir
 
 PEER_ROOT_SECONDS = 1.0  # how long a node whose ranks lost a peer looks for what happened to it, for its message
+
+
+class Node(Protocol):
+    """What the rounds need of the node program (:class:`launcher.node.main.Node`), named here so that this module
+    does not import the one that runs it."""
+
+    settings: NodeSettings
+    run: WorkDir
+    status: StatusRecord
+    events: EventLog
+    control: ControlWatch
+
+    def say(self, message: str) -> None: ...
+    def start_round(self, decision: Decision, number: int | None = None, restarts: int = 0) -> None: ...
+    def restore(self, number: int) -> None: ...
+    def train(self, decision: Decision, rounds: Rounds | None = None, number: int = 0) -> Outcome: ...
+    def conclude(self, outcome: Outcome) -> int: ...
+    def sync_failure(self, background: bool = False) -> str | None: ...
+    def finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False,
+               details: dict | None = None) -> int: ...
 
 
 class RecoveryLoop:
