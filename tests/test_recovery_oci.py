@@ -534,7 +534,8 @@ def test_restarts_count_across_attempts_and_their_rounds_and_the_next_nodes_are_
     from launcher.protocol.rendezvous import Decision
     from launcher.protocol.rounds import Round, decision_key
     from launcher.protocol.store import WorkDir
-    from launcher.runs.attempts import Attempt, next_attempt, node_env
+    from launcher.runs.attempts import Attempt, node_env
+    from launcher.runs.retries import next_attempt
     from launcher.runs.state import RunInfo
     from launcher.runs.view import RunView
 

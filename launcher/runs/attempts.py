@@ -21,22 +21,19 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from launcher.protocol.recovery import FAILURE, KILLED, LOST, Policy, RoundEnd, said
+from launcher.protocol.recovery import RoundEnd, said
 
 if TYPE_CHECKING:
     from launcher.protocol.store import WorkDir
     from launcher.runs.state import RunInfo
-    from launcher.runs.view import RunView
 
 PREFIX = "attempts"
 CURRENT = "attempt"  # backend_ids key: the attempt the run's nodes are in now (absent: attempt 1)
 RESTORE_FROM = "LAUNCHER_RESTORE_FROM"  # the earlier attempts' namespaces, a JSON list (nodes restore from them)
 RESTARTS_BEFORE = "restartsBefore"  # in a later attempt's LAUNCHER_RECOVERY: the run's restarts before its rounds
-KILL_SIGNALS = ("SIGKILL", "SIGTERM")  # a training process ended by these was killed from outside
 
 
 @dataclass(frozen=True)
@@ -141,54 +138,6 @@ def follow(info: RunInfo, attempt: Attempt | None) -> None:
             record.backend_ids[CURRENT] = now
     if info.recorded:
         state.save(recorded)
-
-
-def attempt_end(view: RunView, store: WorkDir) -> RoundEnd | str:
-    """Why the attempt seen in ``view`` (read from ``store``) failed, as the round end the policy weighs: a node
-    lost first (the others' failures follow from it), else the first failure (killed, when its processes were
-    killed from outside); or why it is not retried at all (a cancel; the run's own limit; rounds that gave up under
-    the policy already)."""
-    from launcher.protocol.rounds import latest_round
-
-    if view.cancel is not None:
-        return f"not retried: the run was cancelled ({view.cancel.get('reason', 'by user')})"
-    if view.limit is not None:
-        return f"not retried: {view.limit.get('reason')} (a limit of the run's own)"
-    latest = latest_round(store)
-    if latest is not None and latest.give_up:
-        return f"not retried: {latest.give_up}"
-    lost = [{**status, "node": name} for name, status in view.statuses.items() if status.get("state") == "lost"]
-    lost += list(view.lost.values())
-    if lost:
-        first = min(lost, key=lambda record: float(record.get("ended_at") or record.get("at") or 0.0))
-        return RoundEnd(first["node"], LOST, str(first.get("reason") or "lost"), first.get("exit_code"),
-                        float(first.get("ended_at") or first.get("at") or 0.0))
-    root = view.root_failure()
-    if root is None:
-        return "not retried: no node failed"
-    killed = (root.get("cause") or {}).get("signal") in KILL_SIGNALS
-    # an engine that took the machines (Slurm's time limit, a node failure, preemption) records its end as lost
-    kind = root.get("kind") if root.get("kind") in (LOST, KILLED) else KILLED if killed else FAILURE
-    return RoundEnd(str(root.get("node")), kind, str(root.get("reason")), root.get("exit_code"),
-                    float(root.get("at") or 0.0))
-
-
-def next_attempt(view: RunView, store: WorkDir, recovery: Mapping[str, Any], before: Attempt | None) -> Attempt:
-    """Attempt ``n + 1`` after the failed attempt ``before`` (None: the first) seen in ``view``: started when the
-    policy has a restart left for how it ended. Restarts are counted across attempts, with those the attempt's
-    own rounds used."""
-    from launcher.protocol.rounds import latest_round
-
-    number = (before.number if before else 1) + 1
-    info = view.info
-    url = namespace(info.run_url, info.run_id, number)
-    end = attempt_end(view, store)
-    latest = latest_round(store)
-    used = (before.restarts if before else 0) + (latest.restarts if latest else 0)
-    if isinstance(end, str):
-        return Attempt(number, url, {}, False, used, given_up=end, at=time.time())
-    restarts, given_up, _ = Policy.from_settings(recovery).next_round([end], used)
-    return Attempt(number, url, asdict(end), given_up is None, restarts, given_up=given_up, at=time.time())
 
 
 def node_env(env: Mapping[str, str], number: int, restarts: int, max_restarts: int) -> dict[str, str]:

@@ -25,19 +25,22 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from launcher.backends.base import NodeFate
 from launcher.interrupts import held_interrupts
+from launcher.protocol.recovery import FAILURE, KILLED, LOST, Policy, RoundEnd
 from launcher.runs import attempts
 from launcher.runs.attempts import Attempt
 
 if TYPE_CHECKING:
     from launcher.protocol.store import WorkDir
     from launcher.runs.state import RunInfo
+    from launcher.runs.view import RunView
 
 CLAIM_STALE_SECONDS = 120.0
+KILL_SIGNALS = ("SIGKILL", "SIGTERM")  # a training process ended by these was killed from outside
 
 
 class AttemptEngine(Protocol):
@@ -89,7 +92,7 @@ def fates(engine: AttemptEngine, info: RunInfo) -> dict[str, NodeFate]:
     number = (now.number if now else 1) + 1
     if any(attempt.number == number for attempt in records):  # decided before: not started, or refused
         return seen
-    following = attempts.next_attempt(view, store, info.backend_ids["recovery"], now)
+    following = next_attempt(view, store, info.backend_ids["recovery"], now)
     if not top.create(attempts.key(number), following.to_bytes()):  # another command decided an instant earlier
         taken = Attempt.from_record(top.get_record(attempts.key(number)))
         if taken is None or not taken.running:
@@ -178,3 +181,51 @@ def _cancelled(*urls: str) -> bool:
 def _recorded(top: WorkDir, attempt: Attempt) -> Attempt:
     top.put(attempts.key(attempt.number), attempt.to_bytes())
     return attempt
+
+
+def attempt_end(view: RunView, store: WorkDir) -> RoundEnd | str:
+    """Why the attempt seen in ``view`` (read from ``store``) failed, as the round end the policy weighs: a node
+    lost first (the others' failures follow from it), else the first failure (killed, when its processes were
+    killed from outside); or why it is not retried at all (a cancel; the run's own limit; rounds that gave up under
+    the policy already)."""
+    from launcher.protocol.rounds import latest_round
+
+    if view.cancel is not None:
+        return f"not retried: the run was cancelled ({view.cancel.get('reason', 'by user')})"
+    if view.limit is not None:
+        return f"not retried: {view.limit.get('reason')} (a limit of the run's own)"
+    latest = latest_round(store)
+    if latest is not None and latest.give_up:
+        return f"not retried: {latest.give_up}"
+    lost = [{**status, "node": name} for name, status in view.statuses.items() if status.get("state") == "lost"]
+    lost += list(view.lost.values())
+    if lost:
+        first = min(lost, key=lambda record: float(record.get("ended_at") or record.get("at") or 0.0))
+        return RoundEnd(first["node"], LOST, str(first.get("reason") or "lost"), first.get("exit_code"),
+                        float(first.get("ended_at") or first.get("at") or 0.0))
+    root = view.root_failure()
+    if root is None:
+        return "not retried: no node failed"
+    killed = (root.get("cause") or {}).get("signal") in KILL_SIGNALS
+    # an engine that took the machines (Slurm's time limit, a node failure, preemption) records its end as lost
+    kind = root.get("kind") if root.get("kind") in (LOST, KILLED) else KILLED if killed else FAILURE
+    return RoundEnd(str(root.get("node")), kind, str(root.get("reason")), root.get("exit_code"),
+                    float(root.get("at") or 0.0))
+
+
+def next_attempt(view: RunView, store: WorkDir, recovery: Mapping[str, Any], before: Attempt | None) -> Attempt:
+    """Attempt ``n + 1`` after the failed attempt ``before`` (None: the first) seen in ``view``: started when the
+    policy has a restart left for how it ended. Restarts are counted across attempts, with those the attempt's
+    own rounds used."""
+    from launcher.protocol.rounds import latest_round
+
+    number = (before.number if before else 1) + 1
+    info = view.info
+    url = attempts.namespace(info.run_url, info.run_id, number)
+    end = attempt_end(view, store)
+    latest = latest_round(store)
+    used = (before.restarts if before else 0) + (latest.restarts if latest else 0)
+    if isinstance(end, str):
+        return Attempt(number, url, {}, False, used, given_up=end, at=time.time())
+    restarts, given_up, _ = Policy.from_settings(recovery).next_round([end], used)
+    return Attempt(number, url, asdict(end), given_up is None, restarts, given_up=given_up, at=time.time())
