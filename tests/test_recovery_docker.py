@@ -181,7 +181,8 @@ def test_scale_adds_a_container_and_the_node_asked_to_leave_ends(tmp_path, launc
 
 
 def test_scale_refuses_without_a_supervisor_and_reports_one_that_does_not_start_the_nodes(tmp_path):
-    from launcher.backends.docker import SUPERVISOR_FILE, DockerBackend
+    from launcher.backends.docker import DockerBackend
+    from launcher.backends.docker.supervisor import SUPERVISOR_FILE
     from launcher.errors import BackendError
     from launcher.runs.state import RunInfo
     from launcher.runs.supervision import ProcessRef

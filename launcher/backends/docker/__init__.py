@@ -26,7 +26,6 @@ from launcher.spec.model import Spec
 from launcher.workdirs import resolve_local, scheme
 
 
-SUPERVISOR_FILE = "supervisor.json"  # the supervisor's identity and each node's current container
 SUPERVISOR_CLEANUP_SECONDS = 30  # for a supervisor to save the last consoles and remove the containers
 
 
@@ -159,6 +158,8 @@ class DockerBackend(Backend):
         return fates
 
     def scale_problem(self, info: RunInfo) -> str | None:
+        from launcher.backends.docker.supervisor import SUPERVISOR_FILE
+
         supervisor = _supervisor(info)
         if supervisor is None or not supervisor.running():
             return (f"its supervisor (recorded in {Path(info.state_dir) / SUPERVISOR_FILE}) is not running: every "
@@ -267,6 +268,8 @@ def _kill(container: Any) -> bool:
 
 
 def _supervisor_record(info: RunInfo) -> dict[str, Any]:
+    from launcher.backends.docker.supervisor import SUPERVISOR_FILE
+
     try:
         data = json.loads((Path(info.state_dir) / SUPERVISOR_FILE).read_text())
     except (OSError, ValueError):

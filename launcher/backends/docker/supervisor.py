@@ -29,7 +29,6 @@ import time
 from dataclasses import asdict
 from typing import Any, Callable, Iterable
 
-from launcher.backends.docker import SUPERVISOR_FILE
 from launcher.backends.docker.containers import (NODE_LABEL, RUN_LABEL, added_node_spec, gpu_share,
                                                  replacement_spec)
 from launcher.backends.docker.launch import describe_exit, remove_run, start_container
@@ -41,6 +40,7 @@ from launcher.runs.additions import ADD_SIGNAL, added_node_gpus, read_added, wri
 from launcher.runs.supervision import (EndRecorder, ProcessRef, console_log_path, record_on_behalf,
                                        replacement_refused, replacement_wanted, write_exit_record)
 
+SUPERVISOR_FILE = "supervisor.json"  # the supervisor's identity and each node's current container
 STREAM_ENDED = "the engine's event stream ended"  # queued by the events thread when the stream ends under it
 
 
