@@ -12,16 +12,22 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.backends.base import NodeFate
 from launcher.runs import attempts, retries
 from launcher.runs.attempts import Attempt
 
 if TYPE_CHECKING:
-    from launcher.backends.oci import OciBackend
     from launcher.protocol.store import WorkDir
     from launcher.runs.state import RunInfo
+
+
+class NativeRuns(Protocol):
+    """What the attempts need of the backend (:class:`launcher.backends.oci.OciBackend`), named here so that this
+    module does not import its package."""
+
+    def native_fates(self, info: RunInfo, client: Any, job_run: str, work: Any) -> tuple[Any, dict[str, NodeFate]]: ...
 
 
 class JobRuns:
@@ -29,7 +35,7 @@ class JobRuns:
 
     unit = "job run"
 
-    def __init__(self, backend: OciBackend, client: Any):
+    def __init__(self, backend: NativeRuns, client: Any):
         self.backend = backend
         self.client = client
 
@@ -80,7 +86,7 @@ class JobRuns:
                                      for unit in attempt.units.values()})
 
 
-def native_fates(backend: OciBackend, info: RunInfo, client: Any) -> dict[str, NodeFate]:
+def native_fates(backend: NativeRuns, info: RunInfo, client: Any) -> dict[str, NodeFate]:
     """The nodes' fates in the run's current attempt, which this command moves on (:mod:`launcher.runs.retries`)."""
     return retries.fates(JobRuns(backend, client), info)
 
