@@ -15,10 +15,11 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Sequence
 
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
+from launcher.backends.slurm.attempts import Scope
 from launcher.backends.slurm.batch import (asked_partition, attempt_argv, batch_script, gpus_per_node, infra_of,
                                            job_name, one_node_argv, own_option_clashes, python_of, sbatch_argv)
 from launcher.backends.slurm.engine import Job
@@ -37,20 +38,6 @@ JOB_ANSWER_SECONDS = 1.0  # how long one answer of the controller serves (the fa
 INCARNATIONS = "slurm/incarnations"  # lost nodes and the one-node jobs that started them again (runs.incarnations)
 GAVE_UP_FILE = "slurm-{job}.gave-up.txt"  # in the run's state dir: why launcher cancelled a job that waited
 BATCH_SCRIPT_FILE = "slurm-batch.sh"  # in the run's state dir: the batch script as submitted (mode 0600)
-
-
-@dataclass(frozen=True)
-class Scope:
-    """One attempt of a run as Slurm runs it (attempt 1: the run as submitted)."""
-
-    jobs: dict[str, str]  # node -> the job it first ran in, in this attempt
-    store: WorkDir | None  # the attempt's namespace in the work dir, for a recovering run
-    started_at: float  # when the attempt was submitted
-
-    @property
-    def batch(self) -> str:
-        """The attempt's batch job: the main node's, which is never added on its own."""
-        return next(iter(self.jobs.values()))
 
 
 class SlurmBackend(Backend):

@@ -10,17 +10,43 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from launcher.errors import BackendError
 
 if TYPE_CHECKING:
     from launcher.backends.base import NodeFate
-    from launcher.backends.slurm import SlurmBackend
     from launcher.protocol.store import WorkDir
     from launcher.runs.attempts import Attempt
     from launcher.runs.state import RunInfo
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One attempt of a run as Slurm runs it (attempt 1: the run as submitted)."""
+
+    jobs: dict[str, str]  # node -> the job it first ran in, in this attempt
+    store: WorkDir | None  # the attempt's namespace in the work dir, for a recovering run
+    started_at: float  # when the attempt was submitted
+
+    @property
+    def batch(self) -> str:
+        """The attempt's batch job: the main node's, which is never added on its own."""
+        return next(iter(self.jobs.values()))
+
+
+class Jobs(Protocol):
+    """What the attempts need of the backend (:class:`launcher.backends.slurm.SlurmBackend`), named here so that
+    this module does not import its package."""
+
+    def _first_jobs(self, info: RunInfo) -> dict[str, str]: ...
+    def scope(self, info: RunInfo, units: dict[str, str] | None = None, store: WorkDir | None = None,
+              started_at: float | None = None) -> Scope: ...
+    def attempt_fates(self, info: RunInfo, scope: Scope) -> dict[str, NodeFate] | None: ...
+    def batch_script_of(self, info: RunInfo) -> str: ...
+    def one_node_job(self, info: RunInfo, name: str, label: str, node: dict[str, Any],
+                     attempt: tuple[int, int] | None = None) -> str: ...
 
 
 class SlurmJobs:
@@ -28,7 +54,7 @@ class SlurmJobs:
 
     unit = "Slurm job"
 
-    def __init__(self, backend: SlurmBackend):
+    def __init__(self, backend: Jobs):
         self.backend = backend
 
     def first_units(self, info: RunInfo) -> dict[str, str]:
