@@ -24,6 +24,7 @@ from launcher.backends.base import NodeFate
 from launcher.errors import BackendError
 from launcher.fileio import atomic_write
 from launcher.protocol.control import cancel_requested, record_failure
+from launcher.protocol.exits import EXIT_STORE
 from launcher.protocol.status import FINAL_STATES, status_key
 from launcher.protocol.store import WorkDir
 
@@ -237,8 +238,6 @@ class EndRecorder:
         self._after_give_up: WorkDir | None = None
 
     def store_for(self, exit_code: int) -> WorkDir:
-        from launcher.node.main import EXIT_STORE
-
         if exit_code != EXIT_STORE:
             return self.run
         if self._after_give_up is None:
