@@ -10,7 +10,8 @@ import signal
 import pytest
 
 from cluster import Cluster, write_spec
-from launcher.protocol.control import LOST_ON_SIGTERM, request_cancel, settle_signal
+from launcher.node.sigterm import LOST_ON_SIGTERM, settle_signal
+from launcher.protocol.control import request_cancel
 from launcher.protocol.exits import EXIT_CANCELLED, EXIT_LOST
 from launcher.protocol.store import WorkDir
 from test_node import FOREVER

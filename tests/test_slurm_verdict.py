@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -192,11 +191,12 @@ def test_a_node_signalled_without_a_cancel_asks_slurm_and_records_its_time_limit
 
     from launcher.backends.slurm import engine
     from launcher.errors import BackendError
+    from launcher.node import sigterm
     from launcher.protocol import control
     from launcher.protocol.store import WorkDir
 
     run = WorkDir(str(tmp_path / "run"))
-    monkeypatch.setenv(control.SLURM_JOB, "7")
+    monkeypatch.setenv(sigterm.SLURM_JOB, "7")
     monkeypatch.setenv("LAUNCHER_NODE_NAME", "t-worker-0")
     answers = {"7": engine.Job("7", "COMPLETING", "TimeLimit", "n[1-2]", None, None, time_limit=60.0)}
 
@@ -206,15 +206,15 @@ def test_a_node_signalled_without_a_cancel_asks_slurm_and_records_its_time_limit
         return answers[job_id]
 
     monkeypatch.setattr(engine, "show_job", show_job)
-    settled = control.settle_signal(run, signal.SIGTERM, "cancelled", "received SIGTERM", 130)
+    settled = sigterm.settle_signal(run, signal.SIGTERM, "cancelled", "received SIGTERM", 130)
     assert settled == ("failed", "stopped: Slurm ended job 7: its time limit of 1 min ran out (TIMEOUT)", 1)
     record = run.get_record(control.engine_end_key("7"))
     assert record["kind"] == "lost" and record["node"] == "t-worker-0" and "time limit" in record["reason"]
 
     answers["7"] = engine.Job("7", "CANCELLED", "None", "n[1-2]", None, None)
-    assert control.settle_signal(run, signal.SIGTERM, "cancelled", "received SIGTERM", 130)[0] == "cancelled"
+    assert sigterm.settle_signal(run, signal.SIGTERM, "cancelled", "received SIGTERM", 130)[0] == "cancelled"
     answers.clear()
-    assert control.settle_signal(run, signal.SIGTERM, "cancelled", "received SIGTERM", 130)[0] == "cancelled"
+    assert sigterm.settle_signal(run, signal.SIGTERM, "cancelled", "received SIGTERM", 130)[0] == "cancelled"
     answers["7"] = engine.Job("7", "TIMEOUT", "TimeLimit", "n[1-2]", None, None, time_limit=60.0)
     control.request_cancel(run)  # the user's cancel came first: it stands
-    assert control.settle_signal(run, signal.SIGTERM, "cancelled", "received SIGTERM", 130)[0] == "cancelled"
+    assert sigterm.settle_signal(run, signal.SIGTERM, "cancelled", "received SIGTERM", 130)[0] == "cancelled"

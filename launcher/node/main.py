@@ -103,7 +103,8 @@ class Node:
         """Slurm's notice that the job's time limit is ``seconds`` away: every node stops (the record is the run's
         cause for every reader and peer), training with SIGTERM and most of the notice to save."""
         from launcher.node.engines import slurm_limit
-        from launcher.protocol.control import SLURM_JOB, record_engine_end
+        from launcher.node.sigterm import SLURM_JOB
+        from launcher.protocol.control import record_engine_end
 
         reason = slurm_limit.notice_reason(os.environ.get(SLURM_JOB, "?"), seconds)
         grace = slurm_limit.ranks_grace(seconds) + STOP_GRACE_SECONDS  # torchrun ends its ranks first
@@ -410,7 +411,7 @@ class Node:
 
     def finish(self, state: str, reason: str | None, exit_code: int, *, mark_failed: bool = False,
                 details: dict | None = None) -> int:
-        from launcher.protocol.control import settle_signal
+        from launcher.node.sigterm import settle_signal
 
         state, reason, exit_code = settle_signal(self.run, self.signalled, state, reason, exit_code)
         kept = outputs_mod.kept_record(self.settings.outputs_dir, self.sync.unsynced())

@@ -11,7 +11,7 @@ EXIT_STORE = 3
 EXIT_TIMED_OUT = 124  # maxRuntime or the hang watchdog, as timeout(1) reports it
 EXIT_CANCELLED = 130
 # 128 + SIGTERM: stopped from outside where the engine counts that as a lost node (a Kubernetes pod deleted: see
-# launcher.protocol.control.LOST_ON_SIGTERM); its Job starts the node again
+# launcher.node.sigterm.LOST_ON_SIGTERM); its Job starts the node again
 EXIT_LOST = 143
 
 

@@ -28,7 +28,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 CONTAINER = "node"
 KILLED_EXIT = 137  # 128 + SIGKILL: killed from outside, or by the OOM killer
 # 128 + SIGTERM: the node stopped from outside with no launcher cancel (a pod deleted gracefully): lost
-# (launcher.protocol.control.LOST_ON_SIGTERM, EXIT_LOST); a launcher cancel ends the node 130, which ends the Job
+# (launcher.node.sigterm.LOST_ON_SIGTERM, EXIT_LOST); a launcher cancel ends the node 130, which ends the Job
 TERMINATED_EXIT = 143
 # the Job controller counts a pod's failures for its index in this annotation (backoffLimitPerIndex)
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"

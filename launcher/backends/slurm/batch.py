@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from launcher.backends.indexed import group_env, shared_env
+from launcher.backends.slurm.engine import time_limit_seconds
 from launcher.node.engines.indexed import group_argv
 from launcher.node.engines.slurm_limit import NOTICE_VARIABLE, ranks_grace
 from launcher.plan import Plan
@@ -72,20 +73,6 @@ def asked_partition(argv: Sequence[str]) -> str | None:
         elif token.startswith("-p") and not token.startswith("--"):
             asked = token[2:]
     return asked
-
-
-def time_limit_seconds(limit: str | None) -> int | None:
-    """Slurm's time format (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds; None: no limit."""
-    if limit is None or limit.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    days, _, clock = limit.rpartition("-")
-    parts = [int(part) for part in clock.split(":")]
-    if days:  # D-HH[:MM[:SS]]
-        hours, minutes, seconds = (parts + [0, 0])[:3]
-    else:  # MM, MM:SS, HH:MM:SS
-        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts) if len(parts) == 3 else (0, *(parts + [0])[:2])
-    total = int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
-    return total or None  # 0: none
 
 
 def notice_seconds(infra: SlurmInfra) -> int | None:

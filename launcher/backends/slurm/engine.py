@@ -217,6 +217,20 @@ def _exit_status(value: object) -> int | None:
     return value >> 8 if value > 255 else value
 
 
+def time_limit_seconds(limit: str | None) -> int | None:
+    """Slurm's time format (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds; None: no limit."""
+    if limit is None or limit.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, clock = limit.rpartition("-")
+    parts = [int(part) for part in clock.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:  # MM, MM:SS, HH:MM:SS
+        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts) if len(parts) == 3 else (0, *(parts + [0])[:2])
+    total = int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+    return total or None  # 0: none
+
+
 def show_job(job_id: str) -> Job | None:
     """``scontrol -o show job ID``: one line of KEY=VALUE pairs (Slurm versions without squeue --json; a node that
     asks about its own job, without the whole queue)."""
@@ -226,8 +240,6 @@ def show_job(job_id: str) -> Job | None:
         if "Invalid job id" in result.stderr:
             return None
         raise _failed(argv, result)
-    from launcher.backends.slurm.batch import time_limit_seconds
-
     fields = dict(token.split("=", 1) for token in result.stdout.split() if "=" in token)
     state = fields.get("JobState", "UNKNOWN")
     code = fields.get("ExitCode", "")

@@ -4,7 +4,7 @@
 the container's exit status is the node's. A pod that starts its index again after a lost one is the node's
 next incarnation (``LAUNCHER_NODE_INCARNATION``, from the Job controller's failure count of the index). A SIGTERM
 that no ``launcher cancel`` asked for (``kubectl delete pod``, a drained node) makes the node lost, exit 143, which the
-Job's podFailurePolicy counts as a lost pod of its index (:data:`launcher.protocol.control.LOST_ON_SIGTERM`)."""
+Job's podFailurePolicy counts as a lost pod of its index (:data:`launcher.node.sigterm.LOST_ON_SIGTERM`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 from typing import NoReturn
 
 from launcher.node.engines import indexed
-from launcher.protocol.control import LOST_ON_SIGTERM
+from launcher.node.sigterm import LOST_ON_SIGTERM
 from launcher.node.main import EXIT_BAD_ENV
 
 INDEX = "JOB_COMPLETION_INDEX"

@@ -11,7 +11,7 @@ the node's console, and the bootstrap sets launcher's from the work dir.
 The operator starts a lost replica again under the same pod name; the node claims its name in the work dir
 (:func:`launcher.node.identity.claim`, the pod's name as the holder), so a pod that follows one of the same name is
 the node's next incarnation. A SIGTERM that no ``launcher cancel`` asked for is a lost node here, as in an Indexed
-Job's pod (:data:`launcher.protocol.control.LOST_ON_SIGTERM`).
+Job's pod (:data:`launcher.node.sigterm.LOST_ON_SIGTERM`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 from typing import MutableMapping, NoReturn
 
 from launcher.node.engines import indexed
-from launcher.protocol.control import LOST_ON_SIGTERM
+from launcher.node.sigterm import LOST_ON_SIGTERM
 from launcher.protocol.exits import EXIT_BAD_ENV, EXIT_STORE
 
 REPLICA_TYPE = "LAUNCHER_REPLICA_TYPE"

@@ -142,7 +142,7 @@ def keep(name: str, env: os._Environ) -> int:
     from launcher.runs.supervision import EndRecorder, record_on_behalf
 
     from launcher.node.engines import slurm_limit
-    from launcher.protocol.control import SLURM_JOB
+    from launcher.node.sigterm import SLURM_JOB
 
     for signum in (signal.SIGTERM, signal.SIGINT):  # Slurm signals every process of the step: the child too
         signal.signal(signum, signal.SIG_IGN)
