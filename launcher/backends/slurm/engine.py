@@ -130,7 +130,8 @@ def _failed(argv: Sequence[str], result: subprocess.CompletedProcess) -> Backend
     hint = ""
     if "Invalid generic resource (gres) specification" in said and any("--gpus" in token for token in argv):
         hint = ("\n  the job asks for GPUs this cluster does not have; on CPU nodes set "
-                "infrastructure.spec.gpusPerNode: 0 (a number in processesPerNode asks for that many GPUs)")
+                "infrastructure.spec.gpusPerNode: 0 (gpusPerNode asks for GPUs regardless; a number in processesPerNode "
+                "asks only where sinfo shows the partition has GPUs, or cannot say)")
     return BackendError(f"{argv[0]} failed (exit {result.returncode}): {said or 'no message'}{hint}")
 
 
