@@ -89,7 +89,10 @@ def test_the_dry_run_is_exactly_what_the_job_ran(tmp_path, launcher_home, slurm)
 
 
 def test_a_job_that_waits_shows_why_and_fails_with_it_after_the_rendezvous_timeout(tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2, extra_cluster={"rendezvousTimeout": 15}),
+    """Under recovery, a job that waited too long is retried whole (the queue may have cleared); its nodes, which
+    never ran, are not lost."""
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2,
+                               extra_cluster={"rendezvousTimeout": 15, "recovery": {"maxRestarts": 1}}),
                     sbatchOptions=["--hold"])
     watcher_env = dict(os.environ)
     started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
@@ -99,13 +102,17 @@ def test_a_job_that_waits_shows_why_and_fails_with_it_after_the_rendezvous_timeo
     shown = run_cli("status", run_id).stdout
     assert f"Slurm job {job}: PENDING (JobHeldUser)" in shown, shown
     watcher = Watcher(run_id, watcher_env)
-    code, output = watcher.finish(timeout=60)
+    code, output = watcher.finish(timeout=120)
     assert code == 3, output  # the backend gave the run no nodes: no node failed
-    assert f"run {run_id} failed before any node started\n  cause: Slurm job {job} waited" in output, output
+    second = slurm.command("squeue", "-h", "--states=all", f"--name=launcher:{run_id}.2", "-o", "%i").stdout.strip()
+    assert second, output
+    assert f"run {run_id} failed before any node started\n  cause: Slurm job {second} waited" in output, output
     assert re.search(rf"Slurm job {job} waited \d+s for its nodes, longer than rendezvousTimeout \(15s\): "
-                     r"PENDING \(JobHeldUser\)", output), output
+                     r"PENDING \(JobHeldUser\); retried as attempt 2 \(restart 1 of 1\)", output), output
     assert " exited" not in output, output
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+    shown = run_cli("status", run_id)
+    assert shown.returncode == 3 and re.search(r"^t-worker-0\s+-\s+not started", shown.stdout, re.M), shown.stdout
 
 
 def test_cancel_while_the_job_waits_leaves_nothing(tmp_path, launcher_home, slurm):

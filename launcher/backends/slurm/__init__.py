@@ -334,7 +334,7 @@ class SlurmBackend(Backend):
         is cancelled, its reason recorded as the run's failure: one no node caused, since none ran."""
         from launcher.backends.slurm import engine
         from launcher.protocol.control import record_failure
-        from launcher.protocol.recovery import NEVER_STARTS
+        from launcher.protocol.recovery import LOST, NEVER_STARTS
 
         waited = time.time() - (scope.started_at or time.time())
         limit = float(info.backend_ids.get("pending_limit") or 0)
@@ -346,6 +346,7 @@ class SlurmBackend(Backend):
         elif limit and waited >= limit:
             reason = (f"Slurm job {job.job_id} waited {waited:.0f}s for its nodes, longer than rendezvousTimeout "
                       f"({limit:g}s): {job.describe()}")
+            details["kind"] = LOST  # the machines did not come in time, as if taken: retried under retryOn: [lost]
         else:
             return False
         record_failure(scope.store or WorkDir(info.run_url), info.nodes[0], None, None, reason, details)
