@@ -89,7 +89,10 @@ def test_the_dry_run_is_exactly_what_the_job_ran(tmp_path, launcher_home, slurm)
 
 
 def test_a_job_that_waits_shows_why_and_fails_with_it_after_the_rendezvous_timeout(tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2, extra_cluster={"rendezvousTimeout": 15}),
+    """Under recovery, a job that waited too long is retried whole (the queue may have cleared); its nodes, which
+    never ran, are not lost."""
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2,
+                               extra_cluster={"rendezvousTimeout": 15, "recovery": {"maxRestarts": 1}}),
                     sbatchOptions=["--hold"])
     watcher_env = dict(os.environ)
     started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
@@ -99,13 +102,17 @@ def test_a_job_that_waits_shows_why_and_fails_with_it_after_the_rendezvous_timeo
     shown = run_cli("status", run_id).stdout
     assert f"Slurm job {job}: PENDING (JobHeldUser)" in shown, shown
     watcher = Watcher(run_id, watcher_env)
-    code, output = watcher.finish(timeout=60)
+    code, output = watcher.finish(timeout=120)
     assert code == 3, output  # the backend gave the run no nodes: no node failed
-    assert f"run {run_id} failed before any node started\n  cause: Slurm job {job} waited" in output, output
+    second = slurm.command("squeue", "-h", "--states=all", f"--name=launcher:{run_id}.2", "-o", "%i").stdout.strip()
+    assert second, output
+    assert f"run {run_id} failed before any node started\n  cause: Slurm job {second} waited" in output, output
     assert re.search(rf"Slurm job {job} waited \d+s for its nodes, longer than rendezvousTimeout \(15s\): "
-                     r"PENDING \(JobHeldUser\)", output), output
+                     r"PENDING \(JobHeldUser\); retried as attempt 2 \(restart 1 of 1\)", output), output
     assert " exited" not in output, output
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+    shown = run_cli("status", run_id)
+    assert shown.returncode == 3 and re.search(r"^t-worker-0\s+-\s+not started", shown.stdout, re.M), shown.stdout
 
 
 def test_cancel_while_the_job_waits_leaves_nothing(tmp_path, launcher_home, slurm):
@@ -119,6 +126,10 @@ def test_cancel_while_the_job_waits_leaves_nothing(tmp_path, launcher_home, slur
     assert "did not stop" not in cancelled.stdout  # nothing was given the grace period: nothing ran
     assert not jobs_left(slurm)
     assert json.loads(run_cli("status", run_id, "--json").stdout)["result"] == "cancelled"
+    shown = run_cli("status", run_id)  # no node ran: none was lost
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert re.search(r"^t-main\s+-\s+not started\s+-\s+-\s+-\s+-\s*$", shown.stdout, re.M), shown.stdout
+    assert " lost " not in shown.stdout and "CANCELLED (" not in shown.stdout.split("NODE")[1], shown.stdout
 
 
 def test_sbatch_refusing_the_job_is_a_clear_error_and_nothing_runs(tmp_path, launcher_home, slurm):
@@ -134,14 +145,21 @@ def test_sbatch_refusing_the_job_is_a_clear_error_and_nothing_runs(tmp_path, lau
     assert re.search(r"^run \S+ failed to start: sbatch failed \(exit 1\): sbatch: error: invalid partition "
                      r"specified: nosuchpartition", shown.stdout, re.M), shown.stdout
     assert re.search(r"^t-main\s+-\s+not started", shown.stdout, re.M) and "pending" not in shown.stdout, shown.stdout
+    assert shown.returncode == 3, shown.stdout  # the same exit status as run's, and watch's
     said = json.loads(run_cli("status", info.parent.name, "--json").stdout)
     assert said["result"] == "failed to start" and "invalid partition" in said["submission_error"], said
+    watched = run_cli("watch", info.parent.name)
+    assert watched.returncode == 3 and "failed to start: sbatch failed" in watched.stdout, watched.stdout
 
 
-def test_a_job_that_can_never_start_is_refused_in_seconds_with_slurms_reason(tmp_path, launcher_home, slurm):
+@pytest.mark.parametrize("recovery", [None, {"maxRestarts": 2}])
+def test_a_job_that_can_never_start_is_refused_in_seconds_with_slurms_reason(tmp_path, launcher_home, slurm, recovery):
+    """Cancelled at once, never retried (the same job would never start either), every command exiting 3 with the
+    job's reason once, and its nodes not started, not lost."""
     partition = slurm.command("scontrol", "-o", "show", "partition", "debug").stdout
     too_many = int(re.search(r"TotalNodes=(\d+)", partition)[1]) + 1
-    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2))
+    spec = on_slurm(write_spec(tmp_path, "print('never')\n", nodes=2,
+                               extra_cluster={"recovery": recovery} if recovery else None))
     started = time.monotonic()
     done = run_cli("run", "-f", str(spec), "--nodes", str(too_many), cwd=tmp_path, timeout=120)
     took = time.monotonic() - started
@@ -155,7 +173,23 @@ def test_a_job_that_can_never_start_is_refused_in_seconds_with_slurms_reason(tmp
     assert " exited" not in output, output  # no node is blamed: none ran
     assert took < 30, took  # the spec's rendezvousTimeout is 600 s: not waited for
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
-    assert f"Slurm job {job}: CANCELLED" in run_cli("status", run_id).stdout
+    shown = run_cli("status", run_id)
+    assert shown.returncode == 3, shown.stdout + shown.stderr
+    assert f"Slurm job {job}: CANCELLED" in shown.stdout
+    assert shown.stdout.count(f"Slurm job {job} can never start") == 1, shown.stdout  # the run's cause, once
+    for name in ["t-main"] + [f"t-worker-{index}" for index in range(too_many - 1)]:
+        assert re.search(rf"^{name}\s+-\s+not started\s+-\s+-\s+-\s+-\s*$", shown.stdout, re.M), shown.stdout
+    watched = run_cli("watch", run_id)
+    assert watched.returncode == 3 and "failed before any node started" in watched.stdout, watched.stdout
+    assert "death seen" not in run_cli("timeline", run_id).stdout  # no node ran, so none died
+    said = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert said["lost"] == {} and said["failures"][0]["kind"] == "never starts"
+    if recovery:  # one job, and no second: the same submission would wait as the first did
+        assert "not retried: the same submission can never start" in output, output
+        assert "attempt 2" not in output and "node t-main" not in output, output
+        assert [(attempt["number"], attempt["started"]) for attempt in said["attempts"]] == [(2, False)], said
+        ever = slurm.command("squeue", "-h", "--states=all", "-o", "%j").stdout.split()
+        assert f"launcher:{run_id}.2" not in ever, ever
 
 
 @pytest.mark.parametrize("infra, said", [

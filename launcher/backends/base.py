@@ -35,6 +35,7 @@ class NodeFate:
     console_log: str | None = None  # where the node's own output went, for the user to read
     ended_at: float | None = None
     last_output: tuple[str, ...] = ()  # its last lines as the backend holds them (e.g. a cloud log service)
+    never_started: bool = False  # gone before the backend ever gave it a machine (a job cancelled while it waited)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
-from launcher.errors import EXIT_OK, EXIT_RUN_FAILED, LauncherError
+from launcher.errors import EXIT_OK, LauncherError
 from launcher.gpus import describe
 from launcher.protocol.rounds import grouped_history
 from launcher.runs import attempts
@@ -97,7 +97,7 @@ def status(ref: str | None, *, as_json: bool) -> int:
             record = {**view.statuses.get(name, {}), **({"state": "lost", **lost[name]} if name in lost else {})}
             rank = view.rank_of(name)
             rows.append([name, "-" if rank is None else str(rank),
-                         record.get("state", "not started" if view.never_started else "pending"),
+                         record.get("state", "not started" if view.never_started or name in view.unstarted else "pending"),
                          "-" if record.get("exit_code") is None else str(record["exit_code"]),
                          _address(record), _devices(record.get("accelerators")),
                          _age(record.get("updated_at")), record.get("reason") or ""])
@@ -124,7 +124,7 @@ def status(ref: str | None, *, as_json: bool) -> int:
                 print(f"{name}: {describe(accelerators)}")
         if view.ended:
             print(closing_line(view))
-    return EXIT_RUN_FAILED if view.ended and view.result != "succeeded" else EXIT_OK
+    return view.exit_status()
 
 
 def show_config(ref: str | None) -> int:

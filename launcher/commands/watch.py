@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, TextIO
 
 from launcher.backends import backend_for
 from launcher.backends.base import Backend
-from launcher.errors import EXIT_BACKEND, EXIT_OK, EXIT_RUN_FAILED, BadInput
+from launcher.errors import EXIT_OK, BadInput
 from launcher.protocol.control import CONTROL_PREFIX
 from launcher.protocol.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
 from launcher.protocol.status import STATUS_PREFIX
@@ -286,9 +286,7 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
         time.sleep(follower.poll_seconds)  # the work dir offers no change notification: poll it
     out.write(closing_line(view) + "\n")
     out.flush()
-    if view.failed_before_start:
-        return EXIT_BACKEND  # as a refusal of the submission: the backend gave the run no nodes
-    return EXIT_OK if view.result == "succeeded" else EXIT_RUN_FAILED
+    return view.exit_status()
 
 
 def _earlier_attempts(info: RunInfo, out: TextIO, *, nodes: list[str] | None, since: float | None,

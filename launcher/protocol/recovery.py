@@ -13,6 +13,8 @@ FAILURE = "failure"  # training exited non-zero on its own (an exception, an exi
 PEER = "peer"  # this node's ranks only lost a peer: a consequence, never a cause
 JOIN = "join"  # a node (a replacement, or one more) asks to join: no failure at all
 LEAVE = "leave"  # a node leaves on request (`launcher scale`): no failure at all, and it is not waited for
+# the engine can never start the run as submitted (a Slurm job asking more than its partition has): never retried
+NEVER_STARTS = "never starts"
 CAUSES = (LOST, KILLED, FAILURE)  # the ends that cost a restart (or stop the run)
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from launcher.backends.base import NodeFate
 from launcher.interrupts import held_interrupts
-from launcher.protocol.recovery import FAILURE, KILLED, LOST, Policy, RoundEnd
+from launcher.protocol.recovery import FAILURE, KILLED, LOST, NEVER_STARTS, Policy, RoundEnd
 from launcher.runs import attempts
 from launcher.runs.attempts import Attempt
 
@@ -187,7 +187,7 @@ def attempt_end(view: RunView, store: WorkDir) -> RoundEnd | str:
     """Why the attempt seen in ``view`` (read from ``store``) failed, as the round end the policy weighs: a node
     lost first (the others' failures follow from it), else the first failure (killed, when its processes were
     killed from outside); or why it is not retried at all (a cancel; the run's own limit; rounds that gave up under
-    the policy already)."""
+    the policy already; an engine that can never start the run as submitted)."""
     from launcher.protocol.rounds import latest_round
 
     if view.cancel is not None:
@@ -206,6 +206,8 @@ def attempt_end(view: RunView, store: WorkDir) -> RoundEnd | str:
     root = view.root_failure()
     if root is None:
         return "not retried: no node failed"
+    if root.get("kind") == NEVER_STARTS:  # the cause, shown with the run's result, names the job, not a node
+        return "not retried: the same submission can never start"
     killed = (root.get("cause") or {}).get("signal") in KILL_SIGNALS
     # an engine that took the machines (Slurm's time limit, a node failure, preemption) records its end as lost
     kind = root.get("kind") if root.get("kind") in (LOST, KILLED) else KILLED if killed else FAILURE

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.backends.base import Backend, NodeFate
+from launcher.errors import EXIT_BACKEND, EXIT_OK, EXIT_RUN_FAILED
 from launcher.protocol.control import CANCEL, CONTROL_PREFIX, LIMIT, node_label, record_failure
 from launcher.protocol.rendezvous import DECISION_KEY
 from launcher.protocol.status import FINAL_STATES, status_key
@@ -46,7 +47,8 @@ class RunView:
         lost = {}
         for name in self.info.nodes:
             fate = self.fates.get(name)
-            if fate is None or fate.running or self.statuses.get(name, {}).get("state") in FINAL_STATES:
+            if fate is None or fate.running or name in self.unstarted or \
+                    self.statuses.get(name, {}).get("state") in FINAL_STATES:
                 continue
             lost[name] = {"node": name, "rank": self.rank_of(name), "exit_code": fate.exit_code,
                           "departed": self.went_on_without(name),
@@ -54,6 +56,13 @@ class RunView:
                           "console_log": fate.console_log,
                           "last_output": list(fate.last_output[-5:]) or console_tail(fate.console_log)}
         return lost
+
+    @property
+    def unstarted(self) -> list[str]:
+        """Nodes the backend never gave a machine, gone all the same (their job was cancelled while it waited): not
+        lost, since none ran; the run's failure or cancel says why."""
+        return [name for name in self.info.nodes if (fate := self.fates.get(name)) is not None and
+                fate.never_started and self.statuses.get(name, {}).get("state") not in FINAL_STATES]
 
     def went_on_without(self, node: str) -> bool:
         """A recovering run whose latest round does not hold ``node``: its end closed an earlier round and the run
@@ -76,9 +85,9 @@ class RunView:
     def ended(self) -> bool:
         if self.never_started:
             return True
-        lost = self.lost
+        gone = set(self.lost) | set(self.unstarted)
         return all((self.statuses.get(n, {}).get("state") in FINAL_STATES and not self._unexplained_cancel(n))
-                   or n in lost for n in self.info.nodes)
+                   or n in gone for n in self.info.nodes)
 
     def _unexplained_cancel(self, node: str) -> bool:
         """The node says cancelled (it got a signal) with no cancel on record, while the backend still runs it: the
@@ -112,6 +121,14 @@ class RunView:
         """The run failed before any node started: the backend could not give it its nodes (a Slurm job that can
         never start, or waited too long), so no node is to blame."""
         return self.result == "failed" and bool((self.root_failure() or {}).get("before_start"))
+
+    def exit_status(self) -> int:
+        """What ``run``, ``watch`` and ``status`` exit with for the run as seen: 0 while it goes on (``status``) or
+        once it succeeded; 3 where the backend never started it (a refused submission, a job that can never start or
+        waited too long), as ``run`` exits when the backend refuses it; 1 when it failed or was cancelled."""
+        if not self.ended or self.result == "succeeded":
+            return EXIT_OK
+        return EXIT_BACKEND if self.never_started or self.failed_before_start else EXIT_RUN_FAILED
 
     def rank_of(self, node: str) -> int | None:
         """The node's rank now: none for a node that left the run (scaled down) or was lost while it went on, whose

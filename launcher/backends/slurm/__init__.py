@@ -232,8 +232,9 @@ class SlurmBackend(Backend):
                 return NodeFate(False, status.get("exit_code"), status.get("reason"), console, status.get("ended_at"))
             return NodeFate(True, console_log=console)
         gave_up = self._gave_up(info, job_id) if batch else None
-        if gave_up:  # no node ran: the job's end (whole seconds, and Slurm's own clock) must not come before the
-            return NodeFate(False, None, gave_up, console)  # reason launcher recorded for the run
+        if gave_up or not job.nodes:  # cancelled while it waited: no node ran (the run's failure or cancel says why)
+            return NodeFate(False, None, gave_up or f"Slurm: job {job_id} {job.describe()}", console,
+                            never_started=True)
         return NodeFate(False, job.exit_code, f"Slurm: job {job_id} {job.describe()}", console, job.end_time)
 
     def _removed(self, info: RunInfo, job: Job, fates: dict[str, NodeFate],
@@ -333,18 +334,22 @@ class SlurmBackend(Backend):
         is cancelled, its reason recorded as the run's failure: one no node caused, since none ran."""
         from launcher.backends.slurm import engine
         from launcher.protocol.control import record_failure
+        from launcher.protocol.recovery import LOST, NEVER_STARTS
 
         waited = time.time() - (scope.started_at or time.time())
         limit = float(info.backend_ids.get("pending_limit") or 0)
+        details: dict[str, Any] = {"before_start": True}
         if job.never_starts:
             reason = (f"Slurm job {job.job_id} can never start as submitted: {job.describe()}; launcher cancelled it "
                       f"after {waited:.0f}s")
+            details["kind"] = NEVER_STARTS  # a whole-run retry would submit the same job again
         elif limit and waited >= limit:
             reason = (f"Slurm job {job.job_id} waited {waited:.0f}s for its nodes, longer than rendezvousTimeout "
                       f"({limit:g}s): {job.describe()}")
+            details["kind"] = LOST  # the machines did not come in time, as if taken: retried under retryOn: [lost]
         else:
             return False
-        record_failure(scope.store or WorkDir(info.run_url), info.nodes[0], None, None, reason, {"before_start": True})
+        record_failure(scope.store or WorkDir(info.run_url), info.nodes[0], None, None, reason, details)
         atomic_write(info.state_dir / GAVE_UP_FILE.format(job=job.job_id), reason.encode())
         engine.cancel([job.job_id])
         return True
