@@ -578,7 +578,7 @@ def test_auto_counts_the_gpus_each_slurm_node_sees(tmp_path, launcher_home, slur
     assert done.returncode == 0, done.stdout + done.stderr
     ranks = re.findall(r"rank (\d) of (\d) local (\d) of (\d) ", done.stdout)
     assert sorted(ranks) == [("0", "4", "0", "2"), ("1", "4", "1", "2"), ("2", "4", "0", "2"), ("3", "4", "1", "2")]
-    assert done.stdout.count("(2 training processes, 2 GPUs)") == 2, done.stdout  # one per GPU, on each node
+    assert done.stdout.count("(2 training processes, 2 GPUs; ") == 2, done.stdout  # one per GPU, on each node
 
 
 def test_a_killed_node_of_a_static_run_fails_it_fast_naming_the_node(tmp_path, launcher_home, slurm):
