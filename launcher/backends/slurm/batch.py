@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 JOB_NAME_PREFIX = "launcher:"  # the job's name is this and the run id: how a run's jobs are found
 NODE_ENTRY = "launcher.node.engines.slurm"
+SRUN_KEEPER = "launcher.node.engines.slurm_srun"
 CODE_DIR_VARIABLE = "LAUNCHER_CODE_DIR"
 SETUP_GUARD = ("set -e; trap 'code=$?; echo \"launcher: the spec'\"'\"'s setup failed on $(hostname) (exit $code): "
                "$BASH_COMMAND\" >&2' ERR\n")
@@ -135,7 +136,9 @@ def batch_script(plan: Plan, node_output: str) -> str:
         # bash -c SETUP; exec "$@": the user's lines run on each node, then the node replaces that shell; a line
         # that fails stops the node there, saying so
         command = ["bash", "-c", SETUP_GUARD + infra.setup.strip() + '\nexec "$@"', "launcher-setup", *command]
-    lines.append(shlex.join(srun + command))
+    # exec: srun's keeper (slurm_srun) is the batch script's process; srun itself is out of reach of a cancel's
+    # SIGTERM, on which it would SIGKILL the nodes at once instead of leaving them KillWait to stop
+    lines.append("exec " + shlex.join([python_of(infra), "-m", SRUN_KEEPER, *srun, *command]))
     return "\n".join(lines) + "\n"
 
 
