@@ -85,6 +85,16 @@ def notice_seconds(infra: SlurmInfra) -> int | None:
     return max(1, min(infra.time_limit_notice, limit // NOTICE_SHARE, NOTICE_MAX_SECONDS))
 
 
+def notice_capped(infra: SlurmInfra) -> str | None:
+    """A note where the notice Slurm is asked for is shorter than timeLimitNotice (None: it is not)."""
+    notice = notice_seconds(infra)
+    if notice is None or notice >= infra.time_limit_notice:
+        return None
+    return (f"timeLimitNotice: the nodes are told {notice}s before the time limit, not {infra.time_limit_notice}s: "
+            f"the notice is at most a quarter of the job's time ({infra.time}), so that it never stops a job as it "
+            "starts")
+
+
 def sbatch_argv(plan: Plan, output: str) -> list[str]:
     """``sbatch`` with every option of the spec; the script comes on stdin. ``output``: the batch script's console."""
     spec = plan.spec
