@@ -86,7 +86,7 @@ ReturnToService=2
 MpiDefault=none
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-KillWait=5
+KillWait=15
 MinJobAge=600
 {node_lines}
 PartitionName=debug Nodes={','.join(self.names)} Default=YES MaxTime=INFINITE State=UP

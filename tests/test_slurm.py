@@ -302,8 +302,21 @@ for step in range(100000):
 """
 
 
+SAVES_ON_SIGTERM = """\
+import os, signal, sys, time, torch, torch.distributed as dist
+def save(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Slurm's SIGTERM, then torchrun's: one snapshot
+    time.sleep(0.5)  # a snapshot takes a while to write
+    with open(os.path.join(os.environ["LAUNCHER_OUTPUTS_DIR"], f"snapshot-{dist.get_rank()}.txt"), "w") as out:
+        out.write("saved")
+    print(f"rank {dist.get_rank()} saved its snapshot", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+""" + FOREVER
+
+
 def test_scancel_from_outside_ends_the_run_and_names_slurm(tmp_path, launcher_home, slurm):
-    spec = on_slurm(write_spec(tmp_path, FOREVER, nodes=2))
+    spec = on_slurm(write_spec(tmp_path, SAVES_ON_SIGTERM, nodes=2))
     started = run_cli("run", "-f", str(spec), "--detach", cwd=tmp_path)
     run_id = run_id_from(started.stdout)
     watcher = Watcher(run_id, dict(os.environ))
@@ -317,6 +330,13 @@ def test_scancel_from_outside_ends_the_run_and_names_slurm(tmp_path, launcher_ho
     assert wait_until(lambda: not jobs_left(slurm), 30)
     shown = run_cli("status", run_id).stdout
     assert f"Slurm job {job}: CANCELLED on n[1-2]" in shown, shown
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "cancelled", status
+    assert {name: node["state"] for name, node in status["nodes"].items()} == \
+        {"t-main": "cancelled", "t-worker-0": "cancelled"}, status  # each node recorded its own end
+    outputs = tmp_path / "wd" / run_id / "outputs"
+    for node, rank in (("t-main", 0), ("t-worker-0", 1)):  # what each saved on SIGTERM reached the work dir
+        assert (outputs / node / f"snapshot-{rank}.txt").read_text() == "saved", output
 
 
 ELASTIC_JOB = """\

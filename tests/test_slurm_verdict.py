@@ -19,6 +19,9 @@ from conftest import run_cli
 from slurmcluster import slurm, slurm_cluster  # noqa: F401 - fixtures
 from test_slurm import jobs_left, on_slurm
 
+from launcher.node.engines.slurm_limit import node_grace, ranks_grace
+from launcher.spec.model import parse_duration
+
 # Each rank trains in steps; on SIGTERM it agrees with the others on the last step all of them finished (one
 # all_reduce a step), saves it and exits; the next attempt starts at the step after it.
 SAVES_ON_SIGTERM = """\
@@ -143,6 +146,17 @@ def test_the_time_limit_notice_is_asked_of_slurm_and_told_to_the_nodes(tmp_path,
     seconds = asked.rsplit("@", 1)[1] if asked else None
     exported = re.findall(r"^export LAUNCHER_TIME_LIMIT_NOTICE=(\d+)$", body["script"], re.M)
     assert exported == ([seconds] if seconds else []), body["script"]
+    capped = [note for note in json.loads(dry.stdout)["notes"] if note.startswith("timeLimitNotice:")]
+    asked_notice = parse_duration(notice if notice is not None else 120)
+    assert capped == ([f"timeLimitNotice: the nodes are told {seconds}s before the time limit, not {asked_notice}s: "
+                       f"the notice is at most a quarter of the job's time ({limit}), so that it never stops a job as "
+                       "it starts"] if seconds and int(seconds) < asked_notice else []), capped
+
+
+@pytest.mark.parametrize("notice", [10, 15, 20, 120, 601])
+def test_the_nodes_wait_for_training_stays_within_the_notice_and_leaves_time_to_sync(notice):
+    assert 0 < ranks_grace(notice) < node_grace(notice) <= notice - notice * 0.15, (ranks_grace(notice),
+                                                                                     node_grace(notice))
 
 
 def test_a_time_limit_notice_that_is_not_a_duration_is_refused_where_it_is_written(tmp_path, launcher_home):

@@ -107,8 +107,9 @@ class Node:
         from launcher.protocol.control import record_engine_end
 
         reason = slurm_limit.notice_reason(os.environ.get(SLURM_JOB, "?"), seconds)
-        grace = slurm_limit.ranks_grace(seconds) + STOP_GRACE_SECONDS  # torchrun ends its ranks first
-        self.say(f"time limit: {reason}; training is stopped with SIGTERM and has {grace:.0f}s to save")
+        grace = slurm_limit.node_grace(seconds)  # torchrun ends its ranks first
+        self.say(f"time limit: {reason}; training is stopped with SIGTERM and has "
+                 f"{slurm_limit.ranks_grace(seconds)}s to save")
         try:
             record_engine_end(self.run, os.environ.get(SLURM_JOB, "?"), self.settings.node, reason, grace=grace)
         except StoreError as exc:

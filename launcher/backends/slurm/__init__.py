@@ -21,7 +21,8 @@ from typing import Any, Sequence
 from launcher.backends.base import Backend, DryRun, NodeFate, Request
 from launcher.backends.slurm.attempts import Scope
 from launcher.backends.slurm.batch import (asked_partition, attempt_argv, batch_script, gpus_per_node, infra_of,
-                                           job_name, one_node_argv, own_option_clashes, python_of, sbatch_argv)
+                                           job_name, notice_capped, one_node_argv, own_option_clashes, python_of,
+                                           sbatch_argv)
 from launcher.backends.slurm.engine import Job
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
@@ -71,12 +72,13 @@ class SlurmBackend(Backend):
                            "sets itself (the node count, the job's name, output and environment); use the spec's own "
                            "fields (the cluster's replicas, ...) instead")
         request = super().dryrun(spec, run_id=run_id, resume_from=resume_from)
+        notes = [notice_capped(infra_of(spec))]
         gpus = gpus_per_node(spec)
         if gpus and infra_of(spec).gpus_per_node is None:
-            note = (f"processesPerNode: {gpus} asks Slurm for {gpus} GPUs per node (--gpus-per-node={gpus}) where the "
-                    "partition has GPUs; on one without, the job asks for none and the processes run on CPU")
-            return replace(request, notes=request.notes + (note,))
-        return request
+            notes.append(f"processesPerNode: {gpus} asks Slurm for {gpus} GPUs per node (--gpus-per-node={gpus}) "
+                         "where the partition has GPUs; on one without, the job asks for none and the processes run "
+                         "on CPU")
+        return replace(request, notes=request.notes + tuple(note for note in notes if note))
 
     def requests(self, plan: Plan) -> list[Request]:
         """One ``sbatch``: its command line and the batch script it reads on stdin."""

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 JOB_NAME_PREFIX = "launcher:"  # the job's name is this and the run id: how a run's jobs are found
 NODE_ENTRY = "launcher.node.engines.slurm"
+SRUN_KEEPER = "launcher.node.engines.slurm_srun"
 CODE_DIR_VARIABLE = "LAUNCHER_CODE_DIR"
 SETUP_GUARD = ("set -e; trap 'code=$?; echo \"launcher: the spec'\"'\"'s setup failed on $(hostname) (exit $code): "
                "$BASH_COMMAND\" >&2' ERR\n")
@@ -84,6 +85,16 @@ def notice_seconds(infra: SlurmInfra) -> int | None:
     return max(1, min(infra.time_limit_notice, limit // NOTICE_SHARE, NOTICE_MAX_SECONDS))
 
 
+def notice_capped(infra: SlurmInfra) -> str | None:
+    """A note where the notice Slurm is asked for is shorter than timeLimitNotice (None: it is not)."""
+    notice = notice_seconds(infra)
+    if notice is None or notice >= infra.time_limit_notice:
+        return None
+    return (f"timeLimitNotice: the nodes are told {notice}s before the time limit, not {infra.time_limit_notice}s: "
+            f"the notice is at most a quarter of the job's time ({infra.time}), so that it never stops a job as it "
+            "starts")
+
+
 def sbatch_argv(plan: Plan, output: str) -> list[str]:
     """``sbatch`` with every option of the spec; the script comes on stdin. ``output``: the batch script's console."""
     spec = plan.spec
@@ -135,7 +146,9 @@ def batch_script(plan: Plan, node_output: str) -> str:
         # bash -c SETUP; exec "$@": the user's lines run on each node, then the node replaces that shell; a line
         # that fails stops the node there, saying so
         command = ["bash", "-c", SETUP_GUARD + infra.setup.strip() + '\nexec "$@"', "launcher-setup", *command]
-    lines.append(shlex.join(srun + command))
+    # exec: srun's keeper (slurm_srun) is the batch script's process; srun itself is out of reach of a cancel's
+    # SIGTERM, on which it would SIGKILL the nodes at once instead of leaving them KillWait to stop
+    lines.append("exec " + shlex.join([python_of(infra), "-m", SRUN_KEEPER, *srun, *command]))
     return "\n".join(lines) + "\n"
 
 

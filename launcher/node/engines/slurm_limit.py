@@ -19,12 +19,19 @@ from typing import Callable
 NOTICE_VARIABLE = "LAUNCHER_TIME_LIMIT_NOTICE"  # the notice's seconds, exported by the batch script
 NOTICE_SIGNAL = signal.SIGUSR1
 RANKS_SHARE = 0.75  # of the notice, the training processes' time to save; the rest is the node's, to sync outputs
+TORCHRUN_SHARE = 0.1  # of the notice, torchrun's own time to end once its training processes did
 
 
 def ranks_grace(notice: int) -> int:
     """How long the training processes may take to stop once the notice came: most of it (torchrun is told the
     same, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, or it ends them after its default of 30 s)."""
     return max(1, int(notice * RANKS_SHARE))
+
+
+def node_grace(notice: int) -> int:
+    """How long the node waits for torchrun to stop once the notice came: the training processes' time and
+    torchrun's own, within the notice (the rest of it is for syncing the outputs)."""
+    return min(notice, ranks_grace(notice) + max(1, int(notice * TORCHRUN_SHARE)))
 
 
 def notice_seconds(env: dict[str, str] | os._Environ) -> int | None:
