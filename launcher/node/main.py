@@ -21,28 +21,28 @@ import time
 from typing import IO
 
 from launcher.gpus import accelerator_report, visible_gpus
-from launcher.protocol import outputs as outputs_mod
-from launcher.node.diagnosis.cause import Cause, diagnose, lost_a_peer
-from launcher.protocol.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
-from launcher.node.recovery.loop import RecoveryLoop, round_end_text, round_ended
-from launcher.protocol.rounds import Rounds
-from launcher.protocol.recovery import LEAVE, RoundEnd
-from launcher.protocol.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
-from launcher.node.torchrun.childproc import ExitEvent, die_with_parent, terminate
-from launcher.protocol.exits import EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, signal_name
-from launcher.node.diagnosis.hangwatch import HangWatch
-from launcher.protocol.logship import LogShipper
 from launcher.node.address import node_address
-from launcher.node.netutil import free_port
+from launcher.node.diagnosis.cause import Cause, diagnose, lost_a_peer
+from launcher.node.diagnosis.hangwatch import HangWatch
 from launcher.node.diagnosis.outcome import Ended, Outcome, decide
-from launcher.node.torchrun.ranklogs import RankLogs
+from launcher.node.netutil import free_port
+from launcher.node.recovery.loop import RecoveryLoop, round_end_text, round_ended
 from launcher.node.recovery.restore import restore_watched
-from launcher.protocol.rendezvous import (Decision, RendezvousError, RendezvousStopped,
-                                      RendezvousTimeout, Registration, await_decision)
 from launcher.node.settings import NodeSettings, SettingsError, from_env
-from launcher.node.torchrun.spare import Spare
 from launcher.node.threads import share_threads, usable_cores
+from launcher.node.torchrun.childproc import ExitEvent, die_with_parent, terminate
+from launcher.node.torchrun.ranklogs import RankLogs
+from launcher.node.torchrun.spare import Spare
 from launcher.node.torchrun.training_dirs import make_training_dir
+from launcher.protocol import outputs as outputs_mod
+from launcher.protocol.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
+from launcher.protocol.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
+from launcher.protocol.exits import EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, signal_name
+from launcher.protocol.logship import LogShipper
+from launcher.protocol.recovery import LEAVE, RoundEnd
+from launcher.protocol.rendezvous import (Decision, RendezvousError, RendezvousStopped,
+                                          RendezvousTimeout, Registration, await_decision)
+from launcher.protocol.rounds import Rounds
 from launcher.protocol.status import StatusRecord, status_key
 from launcher.protocol.store import StoreError, WorkDir
 from launcher.wording import plural
@@ -106,12 +106,13 @@ class Node:
         from launcher.node.sigterm import SLURM_JOB
         from launcher.protocol.control import record_engine_end
 
-        reason = slurm_limit.notice_reason(os.environ.get(SLURM_JOB, "?"), seconds)
+        job = os.environ.get(SLURM_JOB, "?")
+        reason = slurm_limit.notice_reason(job, seconds)
         grace = slurm_limit.node_grace(seconds)  # torchrun ends its ranks first
         self.say(f"time limit: {reason}; training is stopped with SIGTERM and has "
                  f"{slurm_limit.ranks_grace(seconds)}s to save")
         try:
-            record_engine_end(self.run, os.environ.get(SLURM_JOB, "?"), self.settings.node, reason, grace=grace)
+            record_engine_end(self.run, job, self.settings.node, reason, grace=grace)
         except StoreError as exc:
             self.say(f"could not record the time limit in the work dir: {exc}")
         self.stop_request = self.stop_request or StopRequest("failed", f"stopped: {reason}", grace=grace)
