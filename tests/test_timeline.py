@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -176,6 +177,31 @@ def test_the_event_log_writes_batches_and_the_rest_when_closed(tmp_path):
     assert events[0]["at"] <= events[1]["at"]  # the process started before it registered
 
 
+class NotedPuts(WorkDir):
+    """A local work dir that lets a test await each write instead of sleeping."""
+
+    def __init__(self, root: str):
+        super().__init__(root)
+        self.written = threading.Event()
+
+    def put(self, key: str, data: bytes) -> None:
+        super().put(key, data)
+        self.written.set()
+
+
+def test_events_that_arrive_between_writes_share_one_request(tmp_path):
+    store = NotedPuts(str(tmp_path / "run"))
+    log = EventLog(store, "w-0", 0, interval=3600.0).start()
+    assert store.written.wait(30), "the first event is written at once"
+    for rank in range(40):
+        log.first_line(0)(rank, 100.0 + rank)
+    log.close()
+    keys = store.find(f"{node_events.EVENTS_PREFIX}/w-0")
+    assert keys == ["000.0000.json", "000.0001.json"], "40 events in the interval: one more request, not 40"
+    later = store.get_record("events/w-0/000.0001.json")["events"]
+    assert [event["rank"] for event in later] == list(range(40))
+
+
 def test_the_cli_refuses_a_picture_it_cannot_write(tmp_path, launcher_home):
     done = run_cli("timeline", "-o", str(tmp_path / "run.png"))
     assert done.returncode == 2 and "html or .svg" in done.stderr
@@ -231,8 +257,12 @@ def test_a_real_run_records_every_phase_and_the_cli_shows_them(finished_run, tmp
                                                                                for event in phases["last-line"])
     ranks = sorted(event["rank"] for node in nodes for event in said["phases"][node]["first-line"])
     assert ranks == [0, 1, 2, 3]
-    batches = list((work / "events").glob("*/*.json"))
-    assert len(batches) <= 2 * 8, "a node writes its events in a few batches, not one request each"
+    for node in nodes:  # at most one batch per interval while the node lived, and the last when it closed
+        batches = list((work / "events" / node).glob("*.json"))
+        events = [event for batch in batches for event in json.loads(batch.read_text())["events"]]
+        lived = max(event["at"] for event in events) - min(event["at"] for event in events)
+        assert all(json.loads(batch.read_text())["events"] for batch in batches)
+        assert len(batches) <= lived / node_events.LOCAL_INTERVAL + 2, (node, len(batches), lived)
 
     done = run_cli("timeline", run_id, "--json", env=env)
     assert done.returncode == 0, done.stderr
