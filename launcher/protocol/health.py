@@ -1,0 +1,122 @@
+"""The node's health record, ``health/{node}.json``: what its machine and its training processes did, sampled
+about every :data:`SAMPLE_SECONDS`, so that ``launcher top``, ``status --json``, ``watch`` and the timeline can
+tell whether a run uses its machines and which rank holds the others back.
+
+One sample (a plain dict, every figure optional but ``at``)::
+
+    {"at": unix time,
+     "cpu_percent": CPU used by the node's processes (the node, torchrun, the ranks and their children),
+                    in percent of one core, over the last interval,
+     "rss_bytes": their resident memory, "mem_available_bytes": the machine's, "mem_total_bytes": the machine's,
+     "cores": the cores this node may use,
+     "gpus": [{"index", "name", "util_percent", "mem_used_bytes", "mem_total_bytes", "power_watts", "temp_c"}],
+     "ranks": {"<global rank>": {"local": local rank, "pid": its process,
+                                 "cpu_percent", "rss_bytes",
+                                 "steps": steps so far, "samples": samples so far (where a loader counts them),
+                                 "steps_per_s", "samples_per_s": over the last interval,
+                                 "work_per_step_s": the rank's own work per step (CPU time and time waiting for
+                                     data, not time waiting for the others in collectives) over the last
+                                     :data:`WINDOW_SECONDS`,
+                                 "data_wait_fraction": the share of that window spent waiting for data,
+                                 "step_source": "report" | "optimizer" | "loader",
+                                 "metrics": what the script passed to launcher.data.report}}}
+
+The record is ``{"node", "incarnation", "interval", "samples": [oldest .. newest]}``, bounded over a long run
+(:func:`downsample`). It is rewritten whole: after every sample on a local work dir, at most every
+:data:`STORE_SERIES_SECONDS` on object stores (which bill requests); there the latest sample also rides on the
+status heartbeat (``status["health"]``), which is written anyway, so readers take the newer of the two
+(:func:`latest_sample`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from launcher.protocol.store import StoreError, WorkDir
+
+HEALTH_PREFIX = "health"
+SAMPLE_SECONDS = 5.0
+WINDOW_SECONDS = 60.0  # the window a rank's own work per step is measured over (straggler detection)
+STORE_SERIES_SECONDS = 30.0
+RECENT_SAMPLES = 120  # kept at full resolution: the last 10 minutes
+MAX_SAMPLES = 240  # older samples are thinned to stay within this many
+
+Sample = dict[str, Any]
+
+
+def health_key(node: str) -> str:
+    return f"{HEALTH_PREFIX}/{node}.json"
+
+
+def downsample(samples: list[Sample], recent: int = RECENT_SAMPLES, limit: int = MAX_SAMPLES) -> list[Sample]:
+    """``samples`` (oldest first) within ``limit``: the newest ``recent`` as they are, every other one of the older
+    ones dropped until they fit, so old stretches keep their shape at a coarser step."""
+    if len(samples) <= limit:
+        return samples
+    older, newer = samples[:-recent], samples[-recent:]
+    while len(older) + len(newer) > limit:
+        older = older[::2] if len(older) > 1 else []
+    return older + newer
+
+
+def latest_sample(status: dict[str, Any] | None, series: dict[str, Any] | None) -> Sample | None:
+    """The newest sample a node wrote: in its status heartbeat or in its health record."""
+    candidates = []
+    if status and isinstance(status.get("health"), dict):
+        candidates.append(status["health"])
+    if series and isinstance(series.get("samples"), list) and series["samples"]:
+        candidates.append(series["samples"][-1])
+    candidates = [sample for sample in candidates if isinstance(sample, dict)
+                  and isinstance(sample.get("at"), (int, float))]
+    return max(candidates, key=lambda sample: sample["at"]) if candidates else None
+
+
+def read_series(store: WorkDir, node: str) -> dict[str, Any] | None:
+    """A node's health record; None when it wrote none (yet) or it cannot be read."""
+    try:
+        record = store.get_record(health_key(node))
+    except StoreError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("samples"), list) else None
+
+
+class HealthRecord:
+    """The node's writer of its health record."""
+
+    def __init__(self, store: WorkDir, node: str, incarnation: int = 0, interval: float = SAMPLE_SECONDS):
+        self.store = store
+        self.node = node
+        self.incarnation = incarnation
+        self.interval = interval
+        self.samples: list[Sample] = []
+        self._lock = threading.Lock()
+        self._written_at = float("-inf")
+        self._unwritten = False
+
+    def add(self, sample: Sample) -> None:
+        """Keep ``sample``; write the record when it is due (always on a local work dir)."""
+        with self._lock:
+            self.samples = downsample([*self.samples, sample])
+            self._unwritten = True
+            due = self.store.is_local or time.monotonic() - self._written_at >= STORE_SERIES_SECONDS
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what was not written yet (the node ends); a store error waits for the next write."""
+        with self._lock:
+            if not self._unwritten:
+                return
+            body = {"node": self.node, "incarnation": self.incarnation, "interval": self.interval,
+                    "samples": self.samples}
+            data = json.dumps(body).encode()
+            self._unwritten = False
+            self._written_at = time.monotonic()
+        try:
+            self.store.put(health_key(self.node), data)
+        except StoreError:
+            with self._lock:
+                self._unwritten = True
