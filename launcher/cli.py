@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=_status)
 
+    p = verbs.add_parser("top", help="live CPU, memory, GPU use and steps/s of every node and rank, refreshed every "
+                         "2 s until the run ends; the slowest rank and stragglers marked")
+    _run_arg(p)
+    p.add_argument("--once", action="store_true", help="print one table and exit 0 (for scripts); otherwise the "
+                   "exit status is the run's, as watch's")
+    p.set_defaults(handler=_top)
+
     p = verbs.add_parser("show-config", help="the elected main, MASTER_ADDR/PORT, node ranks and world size")
     _run_arg(p)
     p.set_defaults(handler=_show_config)
@@ -234,6 +241,12 @@ def _status(args: argparse.Namespace) -> int:
     from launcher.commands.inspect import status
 
     return status(args.run, as_json=args.json)
+
+
+def _top(args: argparse.Namespace) -> int:
+    from launcher.commands.top import top
+
+    return top(args.run, once=args.once)
 
 
 def _show_config(args: argparse.Namespace) -> int:

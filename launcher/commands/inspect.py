@@ -12,6 +12,7 @@ from launcher.errors import EXIT_OK, LauncherError
 from launcher.gpus import describe
 from launcher.protocol.rounds import grouped_history
 from launcher.runs import attempts
+from launcher.runs.health import HealthReader, RunHealth, status_figures
 from launcher.runs.preflight import quick_work_dir
 from launcher.runs.state import RunInfo, all_runs, resolve_run
 from launcher.runs.view import RunView, closing_line, not_recorded_note, open_run, read_view, record_lost
@@ -65,10 +66,10 @@ def _data(info: RunInfo) -> dict | None:
     return latest[-1].as_dict() if latest else None
 
 
-def _record(view: RunView, node: str) -> dict | None:
-    """The node's status record, with its rank now (none once it has left)."""
+def _record(view: RunView, node: str, health: RunHealth) -> dict | None:
+    """The node's status record, with its rank now (none once it has left) and its latest figures."""
     record = view.statuses.get(node)
-    return None if record is None else {**record, "rank": view.rank_of(node)}
+    return None if record is None else {**record, "rank": view.rank_of(node), **health.node(node).as_dict()}
 
 
 def status(ref: str | None, *, as_json: bool) -> int:
@@ -80,12 +81,14 @@ def status(ref: str | None, *, as_json: bool) -> int:
             print(not_recorded_note(refused), file=sys.stderr)
     rounds = _rounds(info)
     data = _data(info)
+    health = HealthReader().read(view, open_run(info))
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
                    "result": view.result, "submission_error": info.submission_error or None,
                    "attempts": [asdict(attempt) for attempt in view.attempts],
                    "rounds": rounds, "data": data,
-                   "work_dir": info.run_url, "nodes": {n: _record(view, n) for n in info.nodes},
+                   "work_dir": info.run_url, "nodes": {n: _record(view, n, health) for n in info.nodes},
+                   **status_figures(health),
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
                    "stopped_because_of_it": view.victims()},
                   sys.stdout, indent=2)
@@ -118,6 +121,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
             print(f"data: epoch {data['epoch']}: {data['done']} of {data['shards']} shards done, "
                   f"{data['in_flight']} in flight, {data['left']} left (launcher data {info.run_id})")
         print(_table(rows))
+        for straggler in health.stragglers:
+            print(straggler.line())
         for name in info.nodes:
             accelerators = view.statuses.get(name, {}).get("accelerators") or {}
             if accelerators.get("count"):

@@ -21,6 +21,7 @@ from launcher.protocol.logship import LOGS_PREFIX, chunk_name, next_chunk_name, 
 from launcher.protocol.status import STATUS_PREFIX
 from launcher.protocol.store import StoreError
 from launcher.runs.attempts import current_url, started_line
+from launcher.runs.health import StragglerNotices
 from launcher.runs.preflight import reading_work_dir
 from launcher.runs.state import RunInfo, reread, resolve_run
 from launcher.runs.view import (RunView, closing_line, not_recorded_note, open_run, outputs_dirs_note, read_view,
@@ -113,6 +114,12 @@ class LogFollower:
                 seen[node] = state
                 detail = f" (exit status {record.get('exit_code')})" if state in ("failed", "cancelled") else ""
                 self.out.write(f"{self.prefix(node)} -- {state}{detail}\n")
+        self.out.flush()
+
+    def say(self, line: str) -> None:
+        """A line of the follower's own (a straggler, say), after an open progress line."""
+        self.out.write(f"{chr(10) if self._progress_open else ''}{line}\n")
+        self._progress_open = False
         self.out.flush()
 
     def _listing(self) -> dict[str, list[tuple[int, str]]]:
@@ -241,6 +248,7 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
     engine_said: str | None = None
+    stragglers = StragglerNotices()
     unwritable = False  # the work dir refused the lost nodes' records once: they are derived, not tried again
     next_view = 0.0
     stamp = None
@@ -269,6 +277,8 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
             if refused:
                 unwritable = True
                 sys.stderr.write(not_recorded_note(refused) + "\n")
+            for straggler in stragglers.new(view, follower.run):
+                follower.say(straggler.line())
             if show_states:
                 follower.state_changes(view, states)
             next_view = time.monotonic() + VIEW_SECONDS
