@@ -4,6 +4,7 @@ from records the nodes' own writers (HealthRecord, StatusRecord) put in a work d
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from launcher.commands.top import REDRAW, top
 from launcher.protocol.health import HealthRecord, health_key
 from launcher.protocol.status import StatusRecord
 from launcher.protocol.store import WorkDir
@@ -255,6 +257,24 @@ def test_top_refreshes_until_the_run_ends_then_shows_the_last_table_and_exits_wi
     states = [line.split()[2 if line.startswith("  rank") else 1] for line in final[2:]]
     assert states == ["failed"] * 6  # both nodes, each with its two ranks
     assert not any("straggler" in line for line in final)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_top_redraws_in_place_on_a_terminal_and_once_does_not(tmp_path, launcher_home):
+    run = four_ranks(tmp_path, (0.2, 0.2, 0.2, 0.5))
+    run.recorded()
+    once = Terminal()
+    assert top(run.info.run_id, once=True, out=once) == 0
+    assert once.getvalue().startswith("run health-run (local): running")
+    run.ended()
+    live = Terminal()
+    assert top(run.info.run_id, once=False, out=live) == 0
+    assert live.getvalue().startswith(REDRAW + "run health-run (local): succeeded")
+    assert live.getvalue().count(REDRAW) == 1
 
 
 def test_status_json_carries_each_ranks_and_nodes_figures_and_the_stragglers(tmp_path, launcher_home):
