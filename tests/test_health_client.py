@@ -18,7 +18,8 @@ from launcher.commands.top import REDRAW, top
 from launcher.protocol.health import HealthRecord, health_key
 from launcher.protocol.status import StatusRecord
 from launcher.protocol.store import WorkDir
-from launcher.runs.health import CPU_BOUND, LESS_BUSY, WAITING_ON_DATA, HealthReader, RunHealth, Straggler
+from launcher.runs.health import (CPU_BOUND, LESS_BUSY, WAITING_ON_DATA, HealthReader, RunHealth,
+                                  StragglerNotices)
 from launcher.runs.state import RunInfo, save
 from launcher.runs.view import read_view
 
@@ -178,18 +179,26 @@ def test_the_status_heartbeats_sample_counts_when_it_is_newer(tmp_path):
     assert [straggler.rank for straggler in run.read().stragglers] == [3]
 
 
-def test_a_reader_reads_each_health_record_once_per_interval(tmp_path):
-    run = four_ranks(tmp_path, (0.2, 0.2, 0.2, 0.2))
+def test_watchs_notices_read_each_health_record_once_per_sample_interval_and_say_a_straggler_once(tmp_path):
+    run = four_ranks(tmp_path, (0.2, 0.2, 0.2, 0.5))
     reads: list[str] = []
     plain_get = run.store.get
     run.store.get = lambda key: reads.append(key) or plain_get(key)
     now = [0.0]
-    reader = HealthReader(every=5.0, clock=lambda: now[0])
-    view = read_view(run.info)
-    for moment in (0.0, 1.0, 4.9, 5.0, 6.0):
+    notices = StragglerNotices(clock=lambda: now[0])
+    said = []
+    for moment in (0.0, 0.25, 1.0, 4.9, 5.0, 6.0, 9.9):  # polls; the straggler's figures keep coming
         now[0] = moment
-        reader.read(view, run.store)
-    assert reads == [health_key("m"), health_key("w-0")] * 2  # at 0 s and at 5 s
+        run.sampled("w-0", sample({2: rank_entry(0.2), 3: rank_entry(0.5)}))
+        said += notices.new(read_view(run.info), run.store)
+    assert [straggler.rank for straggler in said] == [3]
+    health_reads = [key for key in reads if key.startswith("health/")]
+    assert health_reads == [health_key("m"), health_key("w-0")] * 2  # at 0 s and at 5 s
+    again = WorkDir(run.info.run_url + "/attempt-2")  # the run retried whole: a new attempt's own namespace
+    for node in NODES:
+        HealthRecord(again, node).add(sample({2: rank_entry(0.2), 3: rank_entry(0.5)} if node == "w-0"
+                                             else {0: rank_entry(0.2), 1: rank_entry(0.2)}))
+    assert [straggler.rank for straggler in notices.new(read_view(run.info), again)] == [3]
 
 
 def top_once(run_id: str) -> subprocess.CompletedProcess:

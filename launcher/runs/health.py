@@ -208,8 +208,8 @@ class HealthReader:
 class StragglerNotices:
     """Each straggler once per rank per attempt (the attempt's work dir), for a follower that polls."""
 
-    def __init__(self) -> None:
-        self.reader = HealthReader(every=SAMPLE_SECONDS)
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.reader = HealthReader(every=SAMPLE_SECONDS, clock=clock)
         self._said: set[tuple[str, int]] = set()
 
     def new(self, view: RunView, run: WorkDir) -> list[Straggler]:
