@@ -4,12 +4,15 @@ from records the nodes' own writers (HealthRecord, StatusRecord) put in a work d
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -201,6 +204,23 @@ def test_watchs_notices_read_each_health_record_once_per_sample_interval_and_say
     assert [straggler.rank for straggler in notices.new(read_view(run.info), again)] == [3]
 
 
+@contextlib.contextmanager
+def cli_process(*args: str, limit: float = 120) -> Iterator[subprocess.Popen]:
+    """The real CLI as a process whose output a test reads as it comes; killed after ``limit`` seconds, so that a
+    line that never comes fails the test instead of hanging it."""
+    process = subprocess.Popen([sys.executable, "-m", "launcher", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    killer = threading.Timer(limit, process.kill)
+    killer.start()
+    try:
+        yield process
+    finally:
+        killer.cancel()
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
 def top_once(run_id: str) -> subprocess.CompletedProcess:
     return run_cli("top", run_id, "--once")
 
@@ -246,9 +266,7 @@ def test_top_says_when_there_are_no_figures_yet_and_when_a_run_ended_without(tmp
 def test_top_refreshes_until_the_run_ends_then_shows_the_last_table_and_exits_with_its_status(tmp_path,
                                                                                              launcher_home):
     run = four_ranks(tmp_path, (0.2, 0.2, 0.2, 0.5))
-    process = subprocess.Popen([sys.executable, "-m", "launcher", "top", run.recorded()], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    try:
+    with cli_process("top", run.recorded()) as process:
         first = []
         for line in process.stdout:  # the first table is out once its straggler line is
             first.append(line)
@@ -257,9 +275,6 @@ def test_top_refreshes_until_the_run_ends_then_shows_the_last_table_and_exits_wi
         assert first[0].startswith("run health-run (local): running")
         run.ended(state="failed")
         rest, errors = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
     assert process.returncode == 1, errors
     final = rest.strip().split("\n\n")[-1].splitlines()  # plain tables, one after the other, not redrawn
     assert final[0].startswith("run health-run (local): failed")
@@ -321,9 +336,7 @@ def test_watch_says_a_straggler_once_while_it_stays_one(tmp_path, launcher_home)
         run.statuses["w-0"].update(health=sample({2: rank_entry(0.2), 3: rank_entry(0.42)}, at=at))
 
     heartbeat(time.time())
-    process = subprocess.Popen([sys.executable, "-m", "launcher", "watch", "-v", run.recorded()],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with cli_process("watch", "-v", run.recorded()) as process:
         lines = []
 
         def until(text: str) -> None:
@@ -340,9 +353,6 @@ def test_watch_says_a_straggler_once_while_it_stays_one(tmp_path, launcher_home)
             until(f"[w-1] -- {state}")
         run.ended()
         rest, errors = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
     said = [line for line in lines + rest.splitlines() if line.startswith("straggler")]
     assert said == ["straggler: rank 3 on node w-0 does 2.1x the median work per step (0.42 s vs 0.20 s): "
                     "CPU-bound\n"], errors
