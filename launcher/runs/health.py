@@ -182,10 +182,12 @@ def node_state(view: RunView, node: str) -> str:
 
 
 class HealthReader:
-    """Reads each node's health record at most every ``every`` seconds (the status heartbeat's sample, read
-    anyway, is newer between the reads on object stores, where the record is written less often)."""
+    """Reads each node's health record at most every ``every`` seconds: a node adds a sample about that often, and
+    the record (whole, up to :data:`~launcher.protocol.health.MAX_SAMPLES` samples) costs far more to read and
+    parse than the one sample it adds. The status heartbeat's sample, read anyway, is newer between reads where
+    the node writes its record less often (object stores)."""
 
-    def __init__(self, every: float = 0.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, every: float = SAMPLE_SECONDS, clock: Callable[[], float] = time.monotonic):
         self.every = every
         self.clock = clock
         self._series: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
@@ -209,7 +211,7 @@ class StragglerNotices:
     """Each straggler once per rank per attempt (the attempt's work dir), for a follower that polls."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.reader = HealthReader(every=SAMPLE_SECONDS, clock=clock)
+        self.reader = HealthReader(clock=clock)
         self._said: set[tuple[str, int]] = set()
 
     def new(self, view: RunView, run: WorkDir) -> list[Straggler]:
