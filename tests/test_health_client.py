@@ -97,6 +97,11 @@ def test_a_rank_with_much_more_own_work_per_step_is_the_straggler_among_four(tmp
     assert found.node("w-0").as_dict()["cpu_percent"] == 197.0
 
 
+def test_short_steps_are_said_in_milliseconds(tmp_path):
+    found = four_ranks(tmp_path, (0.004, 0.004, 0.004, 0.0095)).read()
+    assert found.stragglers[0].line().endswith("does 2.4x the median work per step (9.5 ms vs 4.0 ms): CPU-bound")
+
+
 def test_ranks_that_work_alike_have_no_straggler_and_no_slowest(tmp_path):
     found = four_ranks(tmp_path, (0.2, 0.2, 0.2, 0.2)).read()
     assert (found.stragglers, found.slowest) == ([], None)
@@ -281,6 +286,7 @@ def test_top_refreshes_until_the_run_ends_then_shows_the_last_table_and_exits_wi
     states = [line.split()[2 if line.startswith("  rank") else 1] for line in final[2:]]
     assert states == ["failed"] * 6  # both nodes, each with its two ranks
     assert not any("straggler" in line for line in final)
+    assert top_once(run.info.run_id).returncode == 0  # --once is for scripts: 0 whatever the run's result
 
 
 class Terminal(io.StringIO):

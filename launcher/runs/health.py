@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from launcher.protocol.health import SAMPLE_SECONDS, WINDOW_SECONDS, Sample, latest_sample, read_series
@@ -102,8 +102,8 @@ class Straggler:
 class RunHealth:
     nodes: list[NodeHealth]
     ranks: list[RankHealth]  # in rank order
-    stragglers: list[Straggler] = field(default_factory=list)
-    slowest: int | None = None  # the training rank with the most own work per step
+    stragglers: list[Straggler]
+    slowest: int | None  # the training rank with the most own work per step, where it is above the median
 
     @property
     def sampled(self) -> bool:
