@@ -259,6 +259,14 @@ def test_top_once_shows_each_gpu_of_a_node_and_the_one_of_each_rank(tmp_path, la
     assert "41%" in rank_1 and "30/80 GiB" in rank_1
 
 
+def test_top_imports_no_heavy_library(tmp_path, launcher_home):
+    run_id = four_ranks(tmp_path, (0.2, 0.2, 0.2, 0.5)).recorded()
+    check = ("import sys; from launcher.cli import main; main(['top', '--once', sys.argv[1]]); "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'docker', 'oci', 'jinja2', 'numpy'}))")
+    done = subprocess.run([sys.executable, "-c", check, run_id], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "[]", done.stderr
+
+
 def test_top_says_when_there_are_no_figures_yet_and_when_a_run_ended_without(tmp_path, launcher_home):
     run = Run(tmp_path)
     done = top_once(run.recorded())
