@@ -6,7 +6,8 @@ and for a node that died without reporting, its death as its supervisor saw it),
 (deaths seen, rounds ended, nodes joining or leaving), the control markers (cancel, leave requests) and
 the scale requests. :func:`derive` is pure, so that what each record means is tested without a run;
 :func:`read_timeline` gathers the records, of every attempt of a run retried whole, each event marked with its
-attempt, and the attempt records (``attempts/{n}.json``) for when and why each attempt before the last ended.
+attempt, and the attempt records (``attempts/{n}.json``) for when and why each attempt before the last ended,
+and each node's health record of every attempt (:mod:`launcher.runs.timeline_health`), drawn under its lane.
 """
 
 from __future__ import annotations
