@@ -12,12 +12,13 @@ from statistics import fmean
 import pytest
 
 from conftest import run_cli
-from test_timeline import T0, happy_node, retried_run
+from test_timeline import T0, happy_node, measured_in_chromium, retried_run
 from launcher import timeline_svg
 from launcher.protocol.health import MAX_SAMPLES, HealthRecord, health_key
 from launcher.protocol.store import WorkDir
 from launcher.runs import timeline as tl
 from launcher.runs.state import RunInfo, save
+from launcher.commands.timeline import table_rows
 from launcher.runs.timeline_health import utilisation
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -238,3 +239,50 @@ def test_timeline_json_carries_the_series_it_drew_and_the_cli_draws_them(tmp_pat
     page = run_cli("timeline", "r", "-o", str(tmp_path / "run.html"))
     assert page.returncode == 0, page.stderr
     assert 'class="cpu"' in (tmp_path / "run.html").read_text()
+
+
+MEASURE_HEALTH = """<script>
+const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top,
+                                                                   bottom: r.bottom}; };
+const hitAt = (b) => document.elementFromPoint((b.left + b.right) / 2, (b.top + b.bottom) / 2);
+const out = {lanes: {}, rows: [], shapes: [], columns: [], states: []};
+for (const g of document.querySelectorAll('[data-lane]')) out.lanes[g.dataset.lane] = box(g.querySelector('rect'));
+for (const g of document.querySelectorAll('g.health-row'))
+  out.rows.push({...box(g.querySelector('rect')), node: g.dataset.node, row: g.dataset.row});
+for (const e of document.querySelectorAll('polygon.cpu, polyline.gpu, polyline.steps'))
+  out.shapes.push({...box(e), node: e.dataset.node, kind: e.getAttribute('class')});
+for (const e of document.querySelectorAll('rect.sample')) {
+  const hit = hitAt(box(e));
+  out.columns.push({at: e.dataset.at, hit: hit && hit.dataset.at || null});
+}
+for (const e of document.querySelectorAll('[data-state]')) {
+  const b = box(e), hit = hitAt(b);
+  out.states.push({state: e.dataset.state, width: b.right - b.left, hit: hit && hit.dataset.state || null});
+}
+const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
+
+
+def test_a_browser_draws_the_rows_between_the_lanes_and_hovering_finds_each_sample(tmp_path):
+    info, store = finished_run(tmp_path, ("m", "w-0", "w-1"))
+    times = [T0 + 0.5 + 0.5 * index for index in range(12)]
+    for node in ("m", "w-1"):
+        write_health(store, node, [sample(at, 40.0 * index, (8.0 * index,), {rank: 1.0 + index for rank in range(8)})
+                                   for index, at in enumerate(times)])
+    found = tl.read_timeline(info)
+    (tmp_path / "run.html").write_text(timeline_svg.html(found, table_rows(found)))
+    shown = measured_in_chromium(tmp_path / "run.html", tmp_path, MEASURE_HEALTH)
+    lanes = shown["lanes"]
+    for node, after in (("m", "w-0"), ("w-1", None)):
+        mine = [r for r in shown["rows"] if r["node"] == node]
+        assert [r["row"] for r in mine] == ["util", "steps"]
+        assert lanes[node]["bottom"] <= mine[0]["top"] and mine[0]["bottom"] <= mine[1]["top"]
+        assert after is None or mine[1]["bottom"] <= lanes[after]["top"]
+        shapes = [s for s in shown["shapes"] if s["node"] == node]
+        assert sorted({s["kind"] for s in shapes}) == ["cpu", "gpu", "steps"]
+        assert all(mine[0]["top"] - 1 <= s["top"] and s["bottom"] <= mine[1]["bottom"] + 1 for s in shapes)
+    assert not [r for r in shown["rows"] if r["node"] == "w-0"]
+    assert len(shown["columns"]) == 24 and all(c["hit"] == c["at"] for c in shown["columns"])
+    wide = [s for s in shown["states"] if s["width"] >= 20]  # narrower ones may lie under a mark
+    assert len(wide) >= 9 and all(s["hit"] == s["state"] for s in wide)  # the rows cover no lane
