@@ -106,16 +106,16 @@ class _Canvas:
         self.states = [state for state in tl.STATES if any(span.state == state for span in spans)]
         self.marks = [phase for phase in MARKS if any(_drawn(event) and event.phase == phase
                                                         for event in timeline.events)]
-        self.health_keys = [key for key, drawn in (("cpu", self._any(1)), ("gpu", self._any(2)),
-                                                   ("steps", self.fastest > 0)) if drawn]
+        self.health_keys = [key for key, drawn in (("cpu", self._measured(1)), ("gpu", self._measured(2)),
+                                                   ("steps", self.fastest > 0)) if drawn]  # in the legend
         self.entries = len(self.states) + len(self.marks) + len(self.health_keys)  # in the legend
         self.ends = [event for event in timeline.events if event.phase in tl.RUN_ENDS and event.node is None]
         self.height = self.bottom + GAP + 40 + 18 * ((self.entries + 2) // 3 + len(self.ends))
         self.parts: list[str] = []
         self.label_ends = [0.0, 0.0]  # where the last word in each of the run lane's two rows ends
 
-    def _any(self, figure: int) -> bool:
-        """Whether any health record has figure 1 (CPU) or 2 (GPU) in a sample."""
+    def _measured(self, figure: int) -> bool:
+        """Whether any sample of any health record has its figure at ``figure`` of a point (1: CPU, 2: GPU)."""
         return any(point[figure] is not None for drawn in self.health for point in drawn.points)
 
     def x(self, at: float) -> float:
@@ -234,7 +234,8 @@ def _health_rows(canvas: _Canvas, node: str) -> None:
     """The ground and the scale's words of each row under a node's lane; a row's data-top is its full scale's
     height (100 %, the fastest rank), data-bottom its zero."""
     for row, top, bottom in _rows(canvas, node):
-        words = "CPU, GPU 0-100 %" if row == "util" else f"steps/s 0-{canvas.fastest:.3g}"
+        util = "CPU, GPU" if "gpu" in canvas.health_keys else "CPU"
+        words = f"{util} 0-100 %" if row == "util" else f"steps/s 0-{canvas.fastest:.3g}"
         canvas.add(f'<g class="health-row" data-node="{escape(node)}" data-row="{row}" data-top="{top:.2f}" '
                    f'data-bottom="{bottom:.2f}"><rect x="{LEFT}" y="{top:.2f}" width="{PLOT_WIDTH}" '
                    f'height="{bottom - top}" fill="#fbfbfb" stroke="#ececec"/><text x="{LEFT - 8}" '
@@ -279,7 +280,7 @@ def _health(canvas: _Canvas, drawn: Utilisation) -> None:
         canvas.add(f'<polyline class="gpu" {data} points="{_listed(_points(canvas, stretch, bottom, UTIL_ROW, 100.0))}"'
                    f' fill="none" stroke="{GPU_COLOUR}" stroke-width="1.5" stroke-linecap="round"/>')
     if len(rows) > 1:
-        _, steps_top, steps_bottom = rows[1]
+        _, _, steps_bottom = rows[1]
         for rank, points in sorted(drawn.steps_per_s.items()):
             for stretch in _unbroken(points):
                 listed = _listed(_points(canvas, stretch, steps_bottom, STEPS_ROW, canvas.fastest))

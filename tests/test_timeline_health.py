@@ -110,7 +110,7 @@ def test_a_nodes_cpu_and_gpu_are_drawn_under_its_lane_where_its_samples_say_and_
     assert points_of(gpu[0]) == [pytest.approx(expected(root, at, fmean(utils), util), abs=0.01)
                                  for at, utils in zip(times, GPUS)]
     assert not of_class(root, "steps", "m")  # no rank reported steps: no steps row
-    assert [e.get("data-row") for e in of_class(root, "health-row", "m")] == ["util"]
+    assert ["".join(e.itertext()) for e in of_class(root, "health-row", "m")] == ["CPU, GPU 0-100 %"]  # no steps row
 
     for kind in ("health-row", "cpu", "gpu", "sample"):
         assert not of_class(root, kind, "w-0")
@@ -141,6 +141,7 @@ def test_each_ranks_steps_per_second_is_a_line_on_one_scale_for_the_run_broken_w
     for node in ("m", "w-0"):
         words = next(e for e in of_class(root, "health-row", node) if e.get("data-row") == "steps")
         assert "".join(words.itertext()) == "steps/s 0-6"
+    assert ["".join(e.itertext()) for e in of_class(root, "health-row", "w-0")] == ["CPU 0-100 %", "steps/s 0-6"]
     lines = {(e.get("data-node"), int(e.get("data-rank"))): e for e in of_class(root, "steps", "m")}
     assert sorted(rank for _, rank in lines) == list(range(8))
     steps = row(root, "m", "steps")
