@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     _run_arg(p)
     p.add_argument("-o", "--output", metavar="FILE", help="also write the picture: FILE.html (a page with the "
                    "table) or FILE.svg; self-contained, opens offline")
-    p.add_argument("--json", action="store_true", help="every event, machine-readable")
+    p.add_argument("--json", action="store_true", help="every event, and each node's health series the picture "
+                   "draws, machine-readable")
     p.set_defaults(handler=_timeline)
 
     p = verbs.add_parser("list", help="recent runs")

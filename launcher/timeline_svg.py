@@ -5,6 +5,9 @@ doing (:data:`launcher.runs.timeline.STATES`), and marks show each rank's first 
 replacements, nodes joining and leaving, rounds decided and ended, training starting again, scale
 requests and cancels. A run retried whole has a band per attempt in its run lane, each attempt's stretches
 and marks say which attempt they belong to, and why each round and attempt ended is written under the legend.
+Under the lane of a node that wrote a health record, a row of its utilisation (CPU in percent of its cores as an
+area, mean GPU utilisation as a line, both 0-100 %) and a row of its ranks' steps/s (a thin line per rank, on one
+scale for the whole run), with each sample's figures in the title of its column.
 Nothing is fetched: no script, font or style sheet from elsewhere, so the file opens offline in any browser.
 Every drawn element carries what it stands for as data attributes (``data-node``, ``data-state`` or
 ``data-phase``, ``data-t`` seconds, ``data-attempt``), and the root its scale (``data-x0``, ``data-px-per-s``),
@@ -19,12 +22,17 @@ from typing import Iterable
 
 from launcher.protocol import events as node_events
 from launcher.runs import timeline as tl
+from launcher.runs.timeline_health import Utilisation
 
 PLOT_WIDTH = 1000
 LEFT = 180  # room for the lane labels
 TOP = 56  # title and time axis
 LANE = 26
 GAP = 8
+UTIL_ROW = 24  # a node's CPU and GPU row under its lane: 0 to 100 %
+STEPS_ROW = 18  # its ranks' steps/s row: 0 to the run's fastest rank
+ROW_GAP = 2
+CPU_COLOUR, GPU_COLOUR, STEPS_COLOUR = "#6baed6", "#d94801", "#444444"
 STATE_COLOURS = {
     tl.STARTING: "#a0a0a0", tl.WAITING: "#f1c232", tl.PREPARING: "#b07aa1", tl.LAUNCHING: "#4e79a7",
     tl.TRAINING: "#59a14f", tl.STOPPING: "#9c755f", tl.ENDING: "#e15759", tl.SYNCING: "#76b7b2",
@@ -57,6 +65,8 @@ MARK_WORDS = {
     tl.LIMIT_REACHED: "maxRuntime reached", tl.ATTEMPT: "attempt started", tl.ATTEMPT_ENDED: "attempt ended",
     tl.SUBMITTED: "submitted",
 }
+HEALTH_WORDS = {"cpu": "CPU, % of the node's cores", "gpu": "mean GPU utilisation, %",
+                "steps": "steps/s, a line per rank"}
 ATTEMPT_BANDS = ("#ece4f4", "#f7f2fb")  # the run lane's band of each attempt, alternating
 NOTE_CHARACTERS = 170  # a note on why a round or an attempt ended is cut to this (its title holds all of it)
 
@@ -78,24 +88,41 @@ def axis(seconds: float) -> tuple[float, float]:
 class _Canvas:
     def __init__(self, timeline: tl.Timeline, spans: list[tl.Segment]):
         self.timeline = timeline
-        ends = [timeline.seconds(s.end) for s in spans] + [timeline.seconds(e.at) for e in timeline.events]
+        self.health = [drawn for drawn in timeline.health if drawn.node in timeline.nodes]
+        ends = ([timeline.seconds(s.end) for s in spans] + [timeline.seconds(e.at) for e in timeline.events]
+                + [timeline.seconds(point[0]) for drawn in self.health for point in drawn.points])
         self.span, self.step = axis(max(ends, default=1.0))
         self.scale = PLOT_WIDTH / self.span
         self.lanes = ["run", *timeline.nodes]
+        self.fastest = max((value for drawn in self.health for points in drawn.steps_per_s.values()
+                            for _, value in points if value is not None), default=0.0)
+        self.strip = UTIL_ROW + ROW_GAP + (STEPS_ROW + ROW_GAP if self.fastest > 0 else 0)  # under a lane with health
+        self.tops: dict[str, float] = {}
+        below = float(TOP)
+        for lane in self.lanes:
+            self.tops[lane] = below
+            below += LANE + GAP + (self.strip if any(drawn.node == lane for drawn in self.health) else 0)
+        self.bottom = below - GAP  # of the last lane (and its rows)
         self.states = [state for state in tl.STATES if any(span.state == state for span in spans)]
         self.marks = [phase for phase in MARKS if any(_drawn(event) and event.phase == phase
                                                         for event in timeline.events)]
+        self.health_keys = [key for key, drawn in (("cpu", self._measured(1)), ("gpu", self._measured(2)),
+                                                   ("steps", self.fastest > 0)) if drawn]  # in the legend
+        self.entries = len(self.states) + len(self.marks) + len(self.health_keys)  # in the legend
         self.ends = [event for event in timeline.events if event.phase in tl.RUN_ENDS and event.node is None]
-        self.height = TOP + len(self.lanes) * (LANE + GAP) + 40 + 18 * ((len(self.states) + len(self.marks) + 2) // 3
-                                                                      + len(self.ends))
+        self.height = self.bottom + GAP + 40 + 18 * ((self.entries + 2) // 3 + len(self.ends))
         self.parts: list[str] = []
         self.label_ends = [0.0, 0.0]  # where the last word in each of the run lane's two rows ends
+
+    def _measured(self, figure: int) -> bool:
+        """Whether any sample of any health record has its figure at ``figure`` of a point (1: CPU, 2: GPU)."""
+        return any(point[figure] is not None for drawn in self.health for point in drawn.points)
 
     def x(self, at: float) -> float:
         return LEFT + self.timeline.seconds(at) * self.scale
 
     def lane_top(self, node: str | None) -> float:
-        return TOP + self.lanes.index(node or "run") * (LANE + GAP)
+        return self.tops[node or "run"]
 
     def add(self, text: str) -> None:
         self.parts.append(text)
@@ -123,6 +150,10 @@ def svg(timeline: tl.Timeline, *, standalone: bool = True) -> str:
     _attempt_bands(canvas, spans)
     for span in spans:
         _segment(canvas, span)
+    for node in dict.fromkeys(drawn.node for drawn in canvas.health):
+        _health_rows(canvas, node)
+    for drawn in canvas.health:
+        _health(canvas, drawn)
     for event in timeline.events:
         _mark(canvas, event)
     _legend(canvas)
@@ -132,7 +163,7 @@ def svg(timeline: tl.Timeline, *, standalone: bool = True) -> str:
 
 
 def _axis(canvas: _Canvas) -> None:
-    bottom = canvas.lane_top(canvas.lanes[-1]) + LANE
+    bottom = canvas.bottom
     for index in range(int(round(canvas.span / canvas.step)) + 1):
         seconds = index * canvas.step
         x = LEFT + seconds * canvas.scale
@@ -189,6 +220,96 @@ def _segment(canvas: _Canvas, span: tl.Segment) -> None:
                f'{STATE_WORDS[span.state]}, {start_s:.2f}-{end_s:.2f} s</title></rect>')
 
 
+def _rows(canvas: _Canvas, node: str) -> list[tuple[str, float, float]]:
+    """(row, top, bottom) of the rows under ``node``'s lane: its utilisation, and its ranks' steps/s where the run
+    has any."""
+    top = canvas.lane_top(node) + LANE + ROW_GAP
+    rows = [("util", top, top + UTIL_ROW)]
+    if canvas.fastest > 0:
+        rows.append(("steps", top + UTIL_ROW + ROW_GAP, top + UTIL_ROW + ROW_GAP + STEPS_ROW))
+    return rows
+
+
+def _health_rows(canvas: _Canvas, node: str) -> None:
+    """The ground and the scale's words of each row under a node's lane; a row's data-top is its full scale's
+    height (100 %, the fastest rank), data-bottom its zero."""
+    for row, top, bottom in _rows(canvas, node):
+        util = "CPU, GPU" if "gpu" in canvas.health_keys else "CPU"
+        words = f"{util} 0-100 %" if row == "util" else f"steps/s 0-{canvas.fastest:.3g}"
+        canvas.add(f'<g class="health-row" data-node="{escape(node)}" data-row="{row}" data-top="{top:.2f}" '
+                   f'data-bottom="{bottom:.2f}"><rect x="{LEFT}" y="{top:.2f}" width="{PLOT_WIDTH}" '
+                   f'height="{bottom - top}" fill="#fbfbfb" stroke="#ececec"/><text x="{LEFT - 8}" '
+                   f'y="{bottom - 3:.2f}" text-anchor="end" font-size="9" fill="#666">{words}</text></g>')
+
+
+def _unbroken(points: list[tuple[float, float | None]]) -> list[list[tuple[float, float]]]:
+    """``points`` cut where a value is missing: the stretches a line is drawn through."""
+    stretches: list[list[tuple[float, float]]] = [[]]
+    for at, value in points:
+        if value is None:
+            stretches.append([])
+        else:
+            stretches[-1].append((at, value))
+    return [stretch for stretch in stretches if stretch]
+
+
+def _points(canvas: _Canvas, stretch: list[tuple[float, float]], bottom: float, height: float,
+            full: float) -> list[tuple[float, float]]:
+    """``stretch`` on the picture: time across, ``full`` (clamped) at ``height`` above ``bottom``."""
+    return [(canvas.x(at), bottom - min(max(value, 0.0), full) / full * height) for at, value in stretch]
+
+
+def _listed(points: list[tuple[float, float]]) -> str:
+    return " ".join(f"{x:.2f},{y:.2f}" for x, y in (points * 2 if len(points) == 1 else points))  # one: a dot
+
+
+def _health(canvas: _Canvas, drawn: Utilisation) -> None:
+    """One health record under its node's lane: CPU as an area, GPU as a line, a thin line per rank's steps/s (one
+    colour for all: the ranks of synchronous training go at one pace, so their lines lie on one another and a rank
+    that differs stands apart, where eight colours a node would need a key of their own), then a column per sample
+    whose title gives its figures."""
+    rows = _rows(canvas, drawn.node)
+    _, top, bottom = rows[0]
+    data = f'data-node="{escape(drawn.node)}" data-attempt="{drawn.attempt}"'
+    for stretch in _unbroken([(at, cpu) for at, cpu, _ in drawn.points]):
+        line = _points(canvas, stretch, bottom, UTIL_ROW, 100.0)
+        area = [(line[0][0], bottom), *line, (line[-1][0], bottom)]
+        canvas.add(f'<polygon class="cpu" {data} points="{_listed(area)}" fill="{CPU_COLOUR}" fill-opacity="0.6" '
+                   f'stroke="{CPU_COLOUR}" stroke-linejoin="round"/>')
+    for stretch in _unbroken([(at, gpu) for at, _, gpu in drawn.points]):
+        canvas.add(f'<polyline class="gpu" {data} points="{_listed(_points(canvas, stretch, bottom, UTIL_ROW, 100.0))}"'
+                   f' fill="none" stroke="{GPU_COLOUR}" stroke-width="1.5" stroke-linecap="round"/>')
+    if len(rows) > 1:
+        _, _, steps_bottom = rows[1]
+        for rank, points in sorted(drawn.steps_per_s.items()):
+            for stretch in _unbroken(points):
+                listed = _listed(_points(canvas, stretch, steps_bottom, STEPS_ROW, canvas.fastest))
+                canvas.add(f'<polyline class="steps" {data} data-rank="{rank}" points="{listed}" fill="none" '
+                           f'stroke="{STEPS_COLOUR}" stroke-width="1" stroke-opacity="0.6" stroke-linecap="round">'
+                           f'<title>{escape(drawn.node)}: rank {rank}, steps/s</title></polyline>')
+    _sample_columns(canvas, drawn, top, rows[-1][2])
+
+
+def _sample_columns(canvas: _Canvas, drawn: Utilisation, top: float, bottom: float) -> None:
+    """A column over the rows for each sample, reaching halfway to its neighbours: hovering it names its figures,
+    each rank's steps/s included."""
+    xs = [canvas.x(at) for at, _, _ in drawn.points]
+    by_time = {rank: dict(points) for rank, points in drawn.steps_per_s.items()}
+    for index, (at, cpu, gpu) in enumerate(drawn.points):
+        left = (xs[index - 1] + xs[index]) / 2 if index else xs[index]
+        right = (xs[index] + xs[index + 1]) / 2 if index + 1 < len(xs) else xs[index]
+        figures = [f"CPU {cpu:.0f} % of its cores" if cpu is not None else "",
+                   f"GPU {gpu:.0f} %" if gpu is not None else ""]
+        steps = [f"rank {rank} {by_time[rank][at]:.2f}" for rank in sorted(by_time)
+                 if by_time[rank].get(at) is not None]
+        said = ", ".join(figure for figure in figures if figure) + (f"; steps/s: {', '.join(steps)}" if steps else "")
+        canvas.add(f'<rect class="sample" data-node="{escape(drawn.node)}" data-at="{at:.6f}" x="{left - 1:.2f}" '
+                   f'y="{top:.2f}" width="{right - left + 2:.2f}" height="{bottom - top:.2f}" fill="#000000" '
+                   f'fill-opacity="0"><title>{escape(drawn.node)}: '
+                   f'{_attempt_words(canvas.timeline, drawn.attempt)}{canvas.timeline.seconds(at):.1f} s: '
+                   f'{escape(said or "no figures")}</title></rect>')
+
+
 def _mark(canvas: _Canvas, event: tl.Event) -> None:
     if not _drawn(event):
         return
@@ -206,7 +327,7 @@ def _mark(canvas: _Canvas, event: tl.Event) -> None:
             + (f' data-round="{event.round}"' if event.round is not None else "")
             + (f' data-rank="{event.rank}"' if event.rank is not None else ""))
     if shape == "line":  # the run's own: across every lane
-        top, bottom = TOP - 4, canvas.lane_top(canvas.lanes[-1]) + LANE
+        top, bottom = TOP - 4, canvas.bottom
         dash = ' stroke-dasharray="4 3"' if event.phase in (tl.ROUND_DECIDED, *tl.RUN_ENDS) else ""
         canvas.add(f'<g class="mark" {data}><line x1="{x:.3f}" y1="{top}" x2="{x:.3f}" y2="{bottom:.2f}" '
                    f'stroke="{colour}" stroke-width="1.5"{dash}/>{_run_label(canvas, event, x)}'
@@ -245,7 +366,7 @@ def _shape(shape: str, x: float, y: float, colour: str) -> str:
 
 
 def _legend(canvas: _Canvas) -> None:
-    top = canvas.lane_top(canvas.lanes[-1]) + LANE + 28
+    top = canvas.bottom + 28
     entries: list[tuple[str, str]] = [
         (f'<rect width="14" height="10" y="-9" fill="{STATE_COLOURS[state]}"/>', STATE_WORDS[state])
         for state in canvas.states]
@@ -254,6 +375,11 @@ def _legend(canvas: _Canvas) -> None:
         drawn = (f'<line x1="7" y1="-12" x2="7" y2="3" stroke="{colour}" stroke-width="1.5"/>' if shape == "line"
                  else _shape(shape, 7, -4, colour))
         entries.append((drawn, MARK_WORDS[phase]))
+    for key in canvas.health_keys:
+        drawn = (f'<rect width="14" height="10" y="-9" fill="{CPU_COLOUR}" fill-opacity="0.6"/>' if key == "cpu" else
+                 f'<line x1="0" y1="-4" x2="14" y2="-4" stroke="{GPU_COLOUR if key == "gpu" else STEPS_COLOUR}" '
+                 'stroke-width="1.5"/>')
+        entries.append((drawn, HEALTH_WORDS[key]))
     for index, (drawn, words) in enumerate(entries):
         x, y = LEFT + (index % 3) * 330, top + (index // 3) * 18
         canvas.add(f'<g class="legend" transform="translate({x},{y:.2f})">{drawn}'
@@ -262,8 +388,7 @@ def _legend(canvas: _Canvas) -> None:
 
 def _end_notes(canvas: _Canvas) -> None:
     """Under the legend, a line for each round and attempt that ended: when, and why."""
-    entries = len(canvas.states) + len(canvas.marks)
-    top = canvas.lane_top(canvas.lanes[-1]) + LANE + 28 + 18 * ((entries + 2) // 3)
+    top = canvas.bottom + 28 + 18 * ((canvas.entries + 2) // 3)
     for index, event in enumerate(canvas.ends):
         if event.phase == tl.ATTEMPT_ENDED:
             which = f"attempt {event.attempt}"

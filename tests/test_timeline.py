@@ -311,12 +311,13 @@ document.body.appendChild(pre);
 </script>"""
 
 
-def measured_in_chromium(page: Path, tmp_path: Path) -> dict:
-    """Open ``page`` in headless chromium with a measuring script added; what its layout engine placed where."""
+def measured_in_chromium(page: Path, tmp_path: Path, script: str = MEASURE) -> dict:
+    """Open ``page`` in headless chromium with a measuring ``script`` added (it leaves its JSON in
+    ``<pre id="measured">``); what its layout engine placed where."""
     chromium = shutil.which("chromium")
     require(chromium is not None, "chromium is not installed (apt-get install chromium)")
     probe = tmp_path / "probe.html"
-    probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    probe.write_text(page.read_text().replace("</body>", script + "</body>"))
     done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1400",
                            f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", probe.as_uri()],
                           capture_output=True, text=True, timeout=120)

@@ -6,7 +6,8 @@ and for a node that died without reporting, its death as its supervisor saw it),
 (deaths seen, rounds ended, nodes joining or leaving), the control markers (cancel, leave requests) and
 the scale requests. :func:`derive` is pure, so that what each record means is tested without a run;
 :func:`read_timeline` gathers the records, of every attempt of a run retried whole, each event marked with its
-attempt, and the attempt records (``attempts/{n}.json``) for when and why each attempt before the last ended.
+attempt, and the attempt records (``attempts/{n}.json``) for when and why each attempt before the last ended,
+and each node's health record of every attempt (:mod:`launcher.runs.timeline_health`), drawn under its lane.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from launcher.protocol.rounds import ROUNDS_PREFIX
 from launcher.protocol.status import FINAL_STATES, STATUS_PREFIX
 from launcher.protocol.store import WorkDir
 from launcher.protocol.recovery import JOIN, LEAVE, LOST
+from launcher.runs.timeline_health import Utilisation, read_utilisation
 
 if TYPE_CHECKING:
     from launcher.runs.attempts import Attempt
@@ -101,6 +103,7 @@ class Timeline:
     read_at: float  # when the records were read: where the lanes of nodes still running end
     recovering: bool = False  # trained in membership rounds
     attempts: int = 1  # runs retried whole: the attempts that were started
+    health: list[Utilisation] = field(default_factory=list)  # the nodes' health records, each attempt's its own
 
     def attempt_started(self, attempt: int) -> float | None:
         """When ``attempt`` (2 or later) was started; None: the first, or one never started."""
@@ -115,7 +118,9 @@ class Timeline:
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "submitted_at": self.submitted, "nodes": self.nodes,
                 "recovering": self.recovering, "attempts": self.attempts,
-                "events": [{**asdict(event), "seconds": round(self.seconds(event.at), 6)} for event in self.events]}
+                "events": [{**asdict(event), "seconds": round(self.seconds(event.at), 6)} for event in self.events],
+                "health": {node: [drawn.to_dict() for drawn in self.health if drawn.node == node]
+                           for node in self.nodes if any(drawn.node == node for drawn in self.health)}}
 
 
 def derive(records: Records, attempt: int = 1) -> list[Event]:
@@ -307,6 +312,7 @@ def read_timeline(info: RunInfo) -> Timeline:
 
     top = reading_work_dir(info.run_url)
     found = derive(read_records(top))
+    namespaces = [(top, 1)]
     max_restarts = int((info.backend_ids.get("recovery") or {}).get("maxRestarts", 0))
     for attempt in read_attempts(top):
         found.append(Event(_attempt_end(attempt), ATTEMPT_ENDED, attempt=attempt.number - 1,
@@ -314,7 +320,8 @@ def read_timeline(info: RunInfo) -> Timeline:
         if attempt.running:
             found.append(Event(_attempt_start(top, attempt), ATTEMPT, attempt=attempt.number,
                                detail=f"after {attempt.cause.get('node')}: {attempt.cause.get('reason')}"))
-            found += [event for event in derive(read_records(reading_work_dir(attempt.url)), attempt.number)
+            namespaces.append((reading_work_dir(attempt.url), attempt.number))
+            found += [event for event in derive(read_records(namespaces[-1][0]), attempt.number)
                       if event.phase != SUBMITTED]
     found.sort(key=lambda event: (event.at, event.node or ""))
     submitted = next((event.at for event in found if event.phase == SUBMITTED), info.created_at)
@@ -322,7 +329,8 @@ def read_timeline(info: RunInfo) -> Timeline:
     nodes = list(dict.fromkeys([*info.nodes, *named]))
     recovering = any(event.round is not None and event.phase == ROUND_DECIDED for event in found)
     attempts = max((event.attempt for event in found if event.phase != ATTEMPT_ENDED), default=1)
-    return Timeline(info.run_id, float(submitted), nodes, found, time.time(), recovering, attempts)
+    health = [drawn for store, number in namespaces for drawn in read_utilisation(store, nodes, number)]
+    return Timeline(info.run_id, float(submitted), nodes, found, time.time(), recovering, attempts, health)
 
 
 def _attempt_start(top: WorkDir, attempt: Attempt) -> float:
