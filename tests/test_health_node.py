@@ -258,6 +258,8 @@ def progress(pid: int, steps: dict, cpu_s: float, wait_s: float, samples: int = 
 
 def test_work_per_step_is_measured_over_the_window_and_report_counts_first():
     windows = RankWindows(window=10.0)
+    starting = windows.figures(progress(7, {}, 0.9, 0.0), now=95.0)  # imports and set-up: not a step's work
+    assert starting["steps"] == 0 and starting["step_source"] is None and "work_per_step_s" not in starting
     assert windows.figures(progress(7, {"loader": 10}, 1.0, 0.5, 320), now=100.0)["step_source"] == "loader"
     for now, steps, cpu in ((105.0, 20, 3.0), (110.0, 30, 5.0)):
         figures = windows.figures(progress(7, {"loader": steps, "optimizer": steps}, cpu, 0.5 + (now - 100) / 10,

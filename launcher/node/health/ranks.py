@@ -68,6 +68,8 @@ class RankWindows:
                             _float(record.get("data_wait_s")))
         history = self._snapshots.setdefault(record["pid"], collections.deque())
         previous = history[-1] if history else None
+        if previous is not None and previous.steps == 0:  # its first steps: what came before was its start, not work
+            history.clear()
         history.append(snapshot)
         while len(history) > 2 and history[1].at <= now - self.window:  # the newest one at least a window old
             history.popleft()
