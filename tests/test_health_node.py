@@ -334,7 +334,10 @@ def test_elastic_loader_counts_batches_samples_and_waits():
 
 
 OPTIMIZER_ONLY = """
+import sys
 import time
+
+print("warm" if "torch" in sys.modules else "cold", "start", flush=True)  # a warm interpreter imported it already
 import torch
 import torch.distributed as dist
 
@@ -360,18 +363,19 @@ for step in range(1, STEPS + 1):
 """
 
 
-def trained_samples(tmp_path: Path, script: str, launcher_home: Path) -> tuple[list[dict], list[dict]]:
+def trained_samples(tmp_path: Path, script: str, launcher_home: Path,
+                    **env_vars: str) -> tuple[list[dict], list[dict], str]:
     """Run ``script`` on 2 local nodes of 2 processes each, sampled every second; (every node's health record,
-    every node's final status record)."""
+    every node's final status record, the run's output)."""
     spec = write_spec(tmp_path, script.replace("STEPS", "600"), nodes=2, extra_cluster={"processesPerNode": 2})
-    env = {**os.environ, SAMPLE_VAR: "1", WINDOW_VAR: "3", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, SAMPLE_VAR: "1", WINDOW_VAR: "3", "PYTHONPATH": str(REPO), **env_vars}
     done = run_cli("run", "-f", str(spec), cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     run_id = run_id_from(done.stdout)
     info = info_of(launcher_home, run_id)
     store = WorkDir(str(Path(info["work_dir"]) / run_id))
-    return [read_series(store, node) for node in info["nodes"]], [store.get_record(status_key(node))
-                                                                   for node in info["nodes"]]
+    statuses = [store.get_record(status_key(node)) for node in info["nodes"]]
+    return [read_series(store, node) for node in info["nodes"]], statuses, done.stdout
 
 
 def all_ranks(series: list[dict]) -> dict[str, dict]:
@@ -385,8 +389,13 @@ def all_ranks(series: list[dict]) -> dict[str, dict]:
     return found
 
 
-def test_a_local_run_counts_every_ranks_optimizer_steps(tmp_path, launcher_home):
-    series, statuses = trained_samples(tmp_path, OPTIMIZER_ONLY, launcher_home)
+@pytest.mark.parametrize("start", ["warm", "cold"])
+def test_a_local_run_counts_every_ranks_optimizer_steps(tmp_path, launcher_home, start):
+    """Warm interpreters (torch imported before the rank is known, launcher.node.torchrun.warm_interpreter) and
+    fresh ones alike."""
+    series, statuses, output = trained_samples(tmp_path, OPTIMIZER_ONLY, launcher_home,
+                                               LAUNCHER_WARM_START="1" if start == "warm" else "0")
+    assert output.count(f"{start} start") == 4, output
     ranks = all_ranks(series)
     assert sorted(ranks) == ["0", "1", "2", "3"]
     assert {figures["step_source"] for figures in ranks.values()} == {"optimizer"}
@@ -402,7 +411,7 @@ def test_a_local_run_counts_every_ranks_optimizer_steps(tmp_path, launcher_home)
 
 
 def test_a_local_run_carries_what_the_script_reports(tmp_path, launcher_home):
-    series, _ = trained_samples(tmp_path, REPORTING, launcher_home)
+    series, _, _ = trained_samples(tmp_path, REPORTING, launcher_home)
     ranks = all_ranks(series)
     assert sorted(ranks) == ["0", "1", "2", "3"]
     for figures in ranks.values():

@@ -71,9 +71,13 @@ class HealthSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            sample = self.sample()
-            self.record.add(sample)
-            self.status.note(health=sample)
+            self.tick()
+
+    def tick(self) -> None:
+        """One sample, kept in the record (written when due) and noted on the status (written with it next)."""
+        sample = self.sample()
+        self.record.add(sample)
+        self.status.note(health=sample)
 
     def sample(self) -> Sample:
         now, clock = time.time(), time.monotonic()
