@@ -9,8 +9,9 @@ a node makes on an object store with the sampler on against off.
 3. Requests, simulated: an hour of a node's store writes (a sample every 5 s, a heartbeat every 10 s) into a
    store that counts them and behaves as an object store (health records paced as on S3), sampler on and off.
 4. Requests, real (--s3-seconds > 0): a 1-node run of 2 processes on moto_server's S3 through the tests'
-   recording proxy, training for that long with the default interval; its requests per second in all and on
-   health/ keys, the only ones the sampler adds (its samples ride on the status heartbeats, written anyway).
+   recording proxy, training for that long with the default interval; its requests per second in all (the
+   `launcher run` that follows it goes through the proxy too) and on health/ keys, the only ones the sampler adds
+   (its samples ride on the status heartbeats, written anyway).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/health.py [--samples 200] [--s3-seconds 120]
 
