@@ -33,7 +33,8 @@ FAKE_SMI = f"""#!/bin/sh
 case "$1" in --query-gpu=index,name,utilization.gpu,*) printf '{SMI_LISTING}' ;; *) exit 9 ;; esac
 """
 # A stand-in for nvidia-ml-py: two GPUs; FAKE_NVML_FAIL makes nvmlInit fail as it does without a driver;
-# FAKE_NVML_PIDS ("gpu:pid,...") says which processes compute on which GPU.
+# FAKE_NVML_PIDS ("gpu:pid,...") says which processes compute on which GPU; FAKE_NVML_BROKEN ("count", "handleN")
+# makes that query fail as it does once a GPU falls off the bus.
 FAKE_PYNVML = '''
 import os
 from types import SimpleNamespace
@@ -51,10 +52,14 @@ def nvmlInit():
 
 
 def nvmlDeviceGetCount():
+    if os.environ.get("FAKE_NVML_BROKEN") == "count":
+        raise NVMLError("GPU is lost")
     return 2
 
 
 def nvmlDeviceGetHandleByIndex(index):
+    if os.environ.get("FAKE_NVML_BROKEN") == f"handle{index}":
+        raise NVMLError("GPU is lost")
     return index
 
 
@@ -138,6 +143,23 @@ def test_a_failing_nvml_falls_back_to_nvidia_smi(stand_ins, monkeypatch):
          "mem_total_bytes": 81559 * MIB, "power_watts": None, "temp_c": 35.0}]
     assert users == {}  # nvidia-smi's query cannot tell
     assert [gpu["index"] for gpu in GpuReader(allowed=["0"]).read()[0]] == [0]
+
+
+def test_a_driver_that_stops_answering_gives_fewer_figures_not_an_error(stand_ins, monkeypatch):
+    tools, modules = stand_ins
+    (modules / "pynvml.py").write_text(FAKE_PYNVML)
+    reader = GpuReader()
+    monkeypatch.setenv("FAKE_NVML_BROKEN", "handle0")
+    assert [gpu["index"] for gpu in reader.read()[0]] == [1]
+    monkeypatch.setenv("FAKE_NVML_BROKEN", "count")
+    assert reader.read() == ([], {})
+    monkeypatch.setenv("FAKE_NVML_FAIL", "1")
+    smi = tools / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'Unable to determine the device handle for GPU0000:01:00.0: Unknown Error'\n"
+                   "exit 15\n")
+    smi.chmod(0o755)
+    fallen_back = GpuReader()
+    assert fallen_back.source == "nvidia-smi" and fallen_back.read() == ([], {})
 
 
 def test_without_nvml_or_nvidia_smi_there_are_no_gpus_and_none_is_looked_for_again(stand_ins, monkeypatch):

@@ -48,12 +48,8 @@ def start_progress() -> None:
             path = os.path.join(here, os.pardir, os.pardir, os.pardir, "data", "rankprogress.py")
             spec = importlib.util.spec_from_file_location(PROGRESS_MODULE, path)
             module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
             sys.modules[PROGRESS_MODULE] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[PROGRESS_MODULE]
-                raise
         module.start()
     except Exception:  # noqa: BLE001 - never in the way of training: no progress, that is all
         return
