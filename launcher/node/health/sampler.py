@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 from launcher.gpus import visible_gpus
 from launcher.node.health.gpus import GpuReader
-from launcher.node.health.procfs import CpuMeter, TreeReader, machine_memory, tree
+from launcher.node.health.procfs import CpuMeter, ProcessStat, TreeReader, machine_memory, tree
 from launcher.node.health.ranks import RankWindows, read_progress
 from launcher.node.threads import usable_cores
 from launcher.protocol.health import SAMPLE_SECONDS, WINDOW_SECONDS, HealthRecord, Sample
@@ -93,8 +93,9 @@ class HealthSampler:
         self.cpu.keep({"node", *members})
         return sample
 
-    def _ranks(self, stacks_dir: str, last_lines: Mapping[int, float], members: dict, gpu_users: dict[int, int],
-               now: float, clock: float) -> dict[str, dict[str, Any]]:
+    def _ranks(self, stacks_dir: str, last_lines: Mapping[int, float], members: dict[int, ProcessStat],
+               gpu_users: dict[int, int], now: float, clock: float) -> dict[str, dict[str, Any]]:
+        """Per global rank, its process's CPU and memory (with its children) and its progress figures."""
         ranks = {}
         progress = read_progress(stacks_dir)
         for local, record in sorted(progress.items()):
