@@ -5,8 +5,8 @@ signal (``LAUNCHER_STACK_SIGNAL``) makes faulthandler write every thread's stack
 ``LAUNCHER_STACKS_DIR``, and a thread writes the process's progress beside it (launcher/data/rankprogress.py,
 for the node's health sampler). Processes that are not training processes (torchrun itself, no
 ``LOCAL_RANK``) are left alone; a warm interpreter (launcher.node.torchrun.warm_interpreter) calls
-:func:`register_rank_hooks` again once it knows its rank. Then the next ``sitecustomize`` on the path, if any, runs as it
-would have without this one.
+:func:`register_rank_hooks` again once it knows its rank. Then the next ``sitecustomize`` on the path, if any, runs
+as it would have without this one.
 """
 
 import os
