@@ -21,7 +21,8 @@ from launcher.data import rankprogress
 from launcher.node.diagnosis.stacks import HOOKS_DIR
 from launcher.node.health.gpus import GpuReader, parse_smi
 from launcher.node.health.ranks import RankWindows
-from launcher.node.health.sampler import SAMPLE_VAR, WINDOW_VAR, HealthSampler, seconds_from_env
+from launcher.gpus import Gpu
+from launcher.node.health.sampler import SAMPLE_VAR, WINDOW_VAR, HealthSampler, seconds_from_env, start_sampler
 from launcher.protocol.health import MAX_SAMPLES, HealthRecord, read_series
 from launcher.protocol.status import StatusRecord, status_key
 from launcher.protocol.store import WorkDir
@@ -160,6 +161,25 @@ def test_a_driver_that_stops_answering_gives_fewer_figures_not_an_error(stand_in
     smi.chmod(0o755)
     fallen_back = GpuReader()
     assert fallen_back.source == "nvidia-smi" and fallen_back.read() == ([], {})
+
+
+def test_the_node_samples_only_the_gpus_it_was_given_at_the_interval_its_env_asks(stand_ins, tmp_path):
+    _, modules = stand_ins
+    (modules / "pynvml.py").write_text(FAKE_PYNVML)
+    store = WorkDir(str(tmp_path / "wd"))
+    status = StatusRecord(store, "node-a", "run-1")
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-1f", SAMPLE_VAR: "0.1"}  # a UUID's prefix: the machine's GPU 1
+    sampler = start_sampler(store, status, "node-a", 0, lambda: ("", {}), [Gpu("1", "GPU-1f00")], print, env)
+    deadline = time.monotonic() + 30
+    while not sampler.record.samples:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sampler.stop()
+    assert sampler.interval == 0.1 and sampler.window == 60.0
+    assert [gpu["index"] for gpu in read_series(store, "node-a")["samples"][0]["gpus"]] == [1]
+    everything = start_sampler(store, status, "node-a", 0, lambda: ("", {}), [Gpu("1")], print, {})
+    everything.stop()
+    assert [gpu["index"] for gpu in everything.gpus.read()[0]] == [0, 1]  # CUDA_VISIBLE_DEVICES unset: all
 
 
 def test_without_nvml_or_nvidia_smi_there_are_no_gpus_and_none_is_looked_for_again(stand_ins, monkeypatch):

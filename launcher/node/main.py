@@ -155,7 +155,7 @@ class Node:
         gpus = visible_gpus()
         self.status.update(state="registering", accelerators=accelerator_report(gpus))
         self.health = start_sampler(self.run, self.status, settings.node, settings.incarnation, self._training_now,
-                                    self.say)
+                                    gpus, self.say)
         self.processes = self._processes(len(gpus))
         # before the spare: its warm interpreters size torch's thread pool as they import it
         threads = share_threads(os.environ, self.processes, settings.machine_nodes, usable_cores())

@@ -17,7 +17,7 @@ SMI_FIELDS = "index,name,utilization.gpu,memory.used,memory.total,power.draw,tem
 SMI_TIMEOUT_SECONDS = 10
 MIB = 1 << 20
 
-Gpu = dict[str, Any]
+GpuFigures = dict[str, Any]
 
 
 def _number(text: str) -> float | None:
@@ -28,7 +28,7 @@ def _number(text: str) -> float | None:
         return None
 
 
-def parse_smi(listing: str) -> list[Gpu]:
+def parse_smi(listing: str) -> list[GpuFigures]:
     """``nvidia-smi --query-gpu=SMI_FIELDS --format=csv,noheader,nounits`` as GPU figures."""
     gpus = []
     for line in listing.splitlines():
@@ -55,7 +55,7 @@ class GpuReader:
     def source(self) -> str | None:
         return "nvml" if self.nvml else "nvidia-smi" if self.smi else None
 
-    def read(self) -> tuple[list[Gpu], dict[int, int]]:
+    def read(self) -> tuple[list[GpuFigures], dict[int, int]]:
         """(the GPUs' figures, pid -> position in that list of the GPU it computes on, where NVML tells)."""
         if self.nvml:
             return self._read_nvml()
@@ -74,9 +74,9 @@ class GpuReader:
             return ""
         return done.stdout if done.returncode == 0 else ""
 
-    def _read_nvml(self) -> tuple[list[Gpu], dict[int, int]]:
+    def _read_nvml(self) -> tuple[list[GpuFigures], dict[int, int]]:
         nvml = self.nvml
-        gpus: list[Gpu] = []
+        gpus: list[GpuFigures] = []
         users: dict[int, int] = {}
         try:
             count = nvml.nvmlDeviceGetCount()

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
-from launcher.gpus import visible_gpus
+from launcher.gpus import Gpu
 from launcher.node.health.gpus import GpuReader
 from launcher.node.health.procfs import CpuMeter, ProcessStat, TreeReader, machine_memory, tree
 from launcher.node.health.ranks import RankWindows, read_progress
@@ -119,11 +119,13 @@ class HealthSampler:
 
 
 def start_sampler(store: WorkDir, status: StatusRecord, node: str, incarnation: int, training_now: TrainingNow,
-                  say: Callable[[str], None], env: Mapping[str, str] = os.environ) -> HealthSampler:
-    """The node's sampler, started, with the interval and window its environment asks for."""
+                  gpus: Sequence[Gpu], say: Callable[[str], None],
+                  env: Mapping[str, str] = os.environ) -> HealthSampler:
+    """The node's sampler, started, with the interval and window its environment asks for; ``gpus``: those the
+    node was given (launcher.gpus.visible_gpus), all of the machine's where CUDA_VISIBLE_DEVICES leaves them."""
     interval = seconds_from_env(env, SAMPLE_VAR, SAMPLE_SECONDS, say)
     window = seconds_from_env(env, WINDOW_VAR, WINDOW_SECONDS, say)
-    given = None if "CUDA_VISIBLE_DEVICES" not in env else [gpu.index for gpu in visible_gpus(env)]
+    given = None if "CUDA_VISIBLE_DEVICES" not in env else [gpu.index for gpu in gpus]
     record = HealthRecord(store, node, incarnation, interval)
     return HealthSampler(record, status, training_now, cores=usable_cores(), gpus=GpuReader(given),
                          interval=interval, window=window).start()
