@@ -3,10 +3,12 @@ and tells the sampler which of them reached the training loop."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, Sampler
 
+from launcher.data import rankprogress
 from launcher.data.sampler import ElasticSampler
 
 
@@ -29,7 +31,8 @@ class ElasticLoader(DataLoader):
     Batches hold ``batch_size`` samples or, near an epoch's end, slightly fewer: each rank's samples are
     spread over the steps all ranks take. A DataLoader prefetches (``num_workers * prefetch_factor``
     batches), so what the sampler handed out is more than what was trained; the loader counts the batches
-    that reach the loop, and ``sampler.state_dict()`` records exactly those.
+    that reach the loop, and ``sampler.state_dict()`` records exactly those. It also counts them, their samples
+    and the time the loop waited for each, for the node's health sampler (launcher.data.rankprogress).
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool | None = None,
@@ -51,6 +54,13 @@ class ElasticLoader(DataLoader):
         sampler.counted = True
 
     def __iter__(self) -> Iterator[Any]:
-        for batch in super().__iter__():
-            self.elastic_sampler.note_batch()
+        batches = super().__iter__()
+        while True:
+            asked = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            waited = time.perf_counter() - asked
+            rankprogress.count("loader", self.elastic_sampler.note_batch(), waited)
             yield batch

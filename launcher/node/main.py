@@ -25,6 +25,7 @@ from launcher.node.address import node_address
 from launcher.node.diagnosis.cause import Cause, diagnose, lost_a_peer
 from launcher.node.diagnosis.hangwatch import HangWatch
 from launcher.node.diagnosis.outcome import Ended, Outcome, decide
+from launcher.node.health.sampler import HealthSampler, start_sampler
 from launcher.node.netutil import free_port
 from launcher.node.recovery.loop import RecoveryLoop, round_end_text, round_ended
 from launcher.node.recovery.restore import restore_watched
@@ -84,6 +85,8 @@ class Node:
         self.spare = Spare(self.say)  # a torchrun with its imports done, for the next round
         self.sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
         self.ending = threading.Event()  # set by a signal: transfers under way (a restore) stop at their next chunk
+        self.rank_logs: RankLogs | None = None
+        self.health: HealthSampler | None = None
 
     def say(self, message: str) -> None:
         print(f"[launcher {self.settings.node}] {message}", file=sys.stderr, flush=True)
@@ -151,6 +154,8 @@ class Node:
         settings = self.settings
         gpus = visible_gpus()
         self.status.update(state="registering", accelerators=accelerator_report(gpus))
+        self.health = start_sampler(self.run, self.status, settings.node, settings.incarnation, self._training_now,
+                                    gpus, self.say)
         self.processes = self._processes(len(gpus))
         # before the spare: its warm interpreters size torch's thread pool as they import it
         threads = share_threads(os.environ, self.processes, settings.machine_nodes, usable_cores())
@@ -189,6 +194,10 @@ class Node:
         where = "" if number is None else f" in round {number} ({plural(restarts, 'restart')} so far)"
         self.say(f"{role}: node rank {self.rank} of {members}{where}; MASTER_ADDR={decision.master_addr} "
                  f"MASTER_PORT={decision.master_port}")
+
+    def _training_now(self) -> tuple[str, dict[int, float]]:
+        """For the health sampler: where this round's ranks write their progress, when each wrote its last line."""
+        return self.stacks_dir, self.rank_logs.last_line_at if self.rank_logs else {}
 
     def _processes(self, gpus: int) -> int:
         """processesPerNode as a number, or auto: one per GPU this node sees, 1 without GPUs."""
@@ -246,6 +255,7 @@ class Node:
                            spare_imported=imported if spare else None)
         rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, self.events.first_line(number),
                              self.events.rank_exited(number)).start()
+        self.rank_logs = rank_logs
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
         reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)
@@ -428,6 +438,8 @@ class Node:
         self.say(f"{state}" + (f": {reason}" if reason else "") + f" (exit status {exit_code})")
         self.shipper.flush()  # every log line is in the work dir before the final status says so
         self.events.close()  # and every event
+        if self.health:
+            self.health.stop()  # and the health record, whose last sample the final status carries
         refused = self.status.update(state=state, reason=reason, exit_code=exit_code, **(details or {}))
         if refused is None:
             return exit_code

@@ -18,8 +18,16 @@ One sample (a plain dict, every figure optional but ``at``)::
                                      data, not time waiting for the others in collectives) over the last
                                      :data:`WINDOW_SECONDS`,
                                  "data_wait_fraction": the share of that window spent waiting for data,
+                                 "window_s": the seconds that window really spans (a rank is comparable with
+                                     the others once it is at least 0.9 x ``window_seconds``),
                                  "step_source": "report" | "optimizer" | "loader",
-                                 "metrics": what the script passed to launcher.data.report}}}
+                                 "metrics": what the script passed to launcher.data.report,
+                                 "last_line_at": unix time of the rank's last output line,
+                                 "gpu": the position in ``gpus`` of the GPU it computes on, where the node can tell}},
+     "window_seconds": the window the node measures work per step over (LAUNCHER_HEALTH_WINDOW)}
+
+The node samples every ``LAUNCHER_HEALTH_SAMPLE`` seconds (default :data:`SAMPLE_SECONDS`); its environment
+gives both variables (the local backend's nodes inherit the client's).
 
 The record is ``{"node", "incarnation", "interval", "samples": [oldest .. newest]}``, bounded over a long run
 (:func:`downsample`). It is rewritten whole: after every sample on a local work dir, at most every

@@ -49,5 +49,11 @@ class StatusRecord:
             return exc
         return None
 
+    def note(self, **changes: Any) -> None:
+        """Change the record without writing it: the next update or heartbeat carries the change (a health sample,
+        which must not cost a write of its own on object stores)."""
+        with self._lock:
+            self.record.update(changes)
+
     def heartbeat(self) -> None:
         self.update()

@@ -59,8 +59,8 @@ def become(command, fds):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     hooks = sys.modules.get("sitecustomize")  # launcher's rank hooks ran at this start, before there was a rank
-    if hasattr(hooks, "register_stack_dump"):
-        hooks.register_stack_dump()
+    if hasattr(hooks, "register_rank_hooks"):
+        hooks.register_rank_hooks()
     module = command["kind"] == "module"
     sys.orig_argv = [sys.executable, "-u", *(["-m"] if module else []), command["name"], *command["args"]]
     sys.argv = ["-m" if module else command["name"], *command["args"]]

@@ -2,10 +2,11 @@
 
 It lets the node ask a training process for its Python stacks without stopping it: the stack
 signal (``LAUNCHER_STACK_SIGNAL``) makes faulthandler write every thread's stack to ``LOCAL_RANK.stack`` in
-``LAUNCHER_STACKS_DIR``. Processes that are not training processes (torchrun itself, no
+``LAUNCHER_STACKS_DIR``, and a thread writes the process's progress beside it (launcher/data/rankprogress.py,
+for the node's health sampler). Processes that are not training processes (torchrun itself, no
 ``LOCAL_RANK``) are left alone; a warm interpreter (launcher.node.torchrun.warm_interpreter) calls
-:func:`register_stack_dump` again once it knows its rank. Then the next ``sitecustomize`` on the path, if any, runs as it
-would have without this one.
+:func:`register_rank_hooks` again once it knows its rank. Then the next ``sitecustomize`` on the path, if any, runs
+as it would have without this one.
 """
 
 import os
@@ -29,6 +30,36 @@ def register_stack_dump() -> None:
     sys.launcher_stack_file = handle  # kept alive: faulthandler writes to its descriptor
 
 
+PROGRESS_MODULE = "launcher.data.rankprogress"
+
+
+def start_progress() -> None:
+    """Start counting the process's steps. The module is loaded from its file, not imported through launcher's
+    package, so that a module of the script's named ``launcher`` is not shadowed; ``launcher.data.report`` finds
+    this very module in ``sys.modules``."""
+    if not os.environ.get("LAUNCHER_STACKS_DIR") or os.environ.get("LOCAL_RANK") is None:
+        return
+    try:
+        module = sys.modules.get(PROGRESS_MODULE)
+        if module is None:
+            import importlib.util
+
+            here = os.path.dirname(os.path.abspath(__file__))
+            path = os.path.join(here, os.pardir, os.pardir, os.pardir, "data", "rankprogress.py")
+            spec = importlib.util.spec_from_file_location(PROGRESS_MODULE, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[PROGRESS_MODULE] = module
+        module.start()
+    except Exception:  # noqa: BLE001 - never in the way of training: no progress, that is all
+        return
+
+
+def register_rank_hooks() -> None:
+    register_stack_dump()
+    start_progress()
+
+
 def _run_next_sitecustomize() -> None:
     import importlib.machinery
     import importlib.util
@@ -40,5 +71,5 @@ def _run_next_sitecustomize() -> None:
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
-register_stack_dump()
+register_rank_hooks()
 _run_next_sitecustomize()

@@ -1,0 +1,155 @@
+"""A training process's progress, for its node's health sampler (launcher.node.health): steps (by who counted
+them), samples, seconds spent waiting for data and the process's CPU time, written by a daemon thread at most
+once a second, when they changed, to ``{LAUNCHER_STACKS_DIR}/{LOCAL_RANK}.progress`` (one JSON object, replaced
+atomically).
+
+Steps are counted by whoever can: :func:`report` (the script says), torch's optimizers (a global post-step hook,
+registered once the script has imported ``torch.optim``; this module never imports torch) or ElasticLoader (one
+step per batch). Readers take the first of those that counted anything, in that order.
+
+Standard library only: the rank hooks (``sitecustomize``) load this file under its own module name before the
+script runs, without importing launcher's package. Outside launcher (no stacks dir or local rank in the
+environment) nothing is counted or written. Nothing here raises into training.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+PROGRESS_SUFFIX = ".progress"
+WRITE_SECONDS = 1.0
+MAX_METRICS = 16
+MAX_METRIC_NAME = 64
+SOURCES = ("report", "optimizer", "loader")  # the precedence of step counts, first wins
+
+
+def progress_path(env: Any = None) -> str | None:
+    """Where this process's progress goes; None outside launcher's training processes."""
+    env = os.environ if env is None else env
+    directory, local_rank = env.get("LAUNCHER_STACKS_DIR"), env.get("LOCAL_RANK")
+    if not directory or local_rank is None or not local_rank.isdigit():
+        return None
+    return os.path.join(directory, local_rank + PROGRESS_SUFFIX)
+
+
+class Counters:
+    """What the process did so far; every change bumps ``version``, so the writer writes only what is new."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.steps: dict[str, int] = {}
+        self.samples = 0
+        self.data_wait_s = 0.0
+        self.metrics: dict[str, float] = {}
+        self.version = 0
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return {"steps": dict(self.steps), "samples": self.samples, "data_wait_s": round(self.data_wait_s, 6),
+                    "metrics": dict(self.metrics)}
+
+
+counters = Counters()
+_writer: threading.Thread | None = None
+_start_lock = threading.Lock()
+
+
+def report(step: int, **metrics: float) -> None:
+    """The training loop is at ``step``; ``metrics`` (numbers: a loss, a learning rate) go with it. Counts before
+    an optimizer's or a loader's do. A no-op outside launcher; never raises."""
+    try:
+        if progress_path() is None:
+            return
+        start()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            return
+        with counters.lock:
+            counters.steps["report"] = step
+            for name, value in metrics.items():
+                name = str(name)[:MAX_METRIC_NAME]
+                if name not in counters.metrics and len(counters.metrics) >= MAX_METRICS:
+                    continue
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    counters.metrics[name] = float(value)
+            counters.version += 1
+    except Exception:  # noqa: BLE001 - progress is never worth a failed step
+        return
+
+
+def count(source: str, samples: int = 0, waited: float = 0.0) -> None:
+    """One step counted by ``source`` ("optimizer", "loader"), with the samples it took and the seconds it waited
+    for them."""
+    with counters.lock:
+        counters.steps[source] = counters.steps.get(source, 0) + 1
+        counters.samples += samples
+        counters.data_wait_s += waited
+        counters.version += 1
+
+
+def _optimizer_stepped(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    count("optimizer")
+
+
+def _hook_optimizers() -> bool:
+    """Count every optimizer step, once the script has imported torch.optim (True when hooked)."""
+    module = sys.modules.get("torch.optim.optimizer")
+    register = getattr(module, "register_optimizer_step_post_hook", None)
+    if register is None:  # not imported (yet), or still being imported
+        return False
+    register(_optimizer_stepped)
+    return True
+
+
+def start() -> None:
+    """Start the writer, once, where this is a training process of launcher's (else nothing)."""
+    global _writer
+    path = progress_path()
+    if path is None:
+        return
+    with _start_lock:
+        if _writer is not None:
+            return
+        _writer = threading.Thread(target=_write_while_alive, args=(path,), name="launcher-progress", daemon=True)
+        _writer.start()
+    atexit.register(_write, path, -1)  # the last steps, when the script ends between two writes
+
+
+def _write_while_alive(path: str) -> None:
+    hooked = False
+    written = -1
+    while True:
+        try:
+            hooked = hooked or _hook_optimizers()
+            written = _write(path, written)
+        except Exception:  # noqa: BLE001 - a full disk, a removed directory: no progress, training goes on
+            pass
+        time.sleep(WRITE_SECONDS)
+
+
+def _write(path: str, written: int) -> int:
+    """Write the counters if they changed since version ``written``; the version now written."""
+    version = counters.version
+    if version == written:
+        return written
+    record = {"pid": os.getpid(), "rank": _int_env("RANK"), "at": time.time(), "cpu_s": time.process_time(),
+              **counters.snapshot()}
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "w") as handle:
+            json.dump(record, handle)
+        os.replace(temporary, path)
+    except OSError:
+        return written
+    return version
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
