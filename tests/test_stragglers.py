@@ -24,6 +24,7 @@ rank = dist.get_rank()
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 started = time.monotonic()
+print(f"rank {rank} trains", flush=True)
 step = 0
 while True:
     if rank == 3:  # the straggler: its own work per step is far above the others'
@@ -62,7 +63,8 @@ def test_a_cpu_bound_rank_is_named_a_straggler_once_by_run_status_and_top(tmp_pa
         shown = json.loads(status.stdout)
         assert [(s["rank"], s["node"], s["suggests"]) for s in shown["stragglers"]] == [(3, node, "CPU-bound")]
         ranks = {entry["rank"]: entry for entry in shown["ranks"]}
-        assert sorted(ranks) == [0, 1, 2, 3] and all(ranks[rank]["steps_per_s"] > 0 for rank in ranks), ranks
+        assert sorted(ranks) == [0, 1, 2, 3], ranks
+        assert all(ranks[rank]["steps_per_s"] > 0 and ranks[rank]["last_line_at"] for rank in ranks), ranks
         assert all(record["cpu_percent"] is not None and record["rss_bytes"] > 0
                    for record in shown["nodes"].values()), shown["nodes"]
 

@@ -23,14 +23,16 @@ One sample (a plain dict, every figure optional but ``at``)::
                                  "step_source": "report" | "optimizer" | "loader",
                                  "metrics": what the script passed to launcher.data.report,
                                  "last_line_at": unix time of the rank's last output line,
-                                 "gpu": the position in ``gpus`` of the GPU it computes on, where the node can tell}},
+                                 "gpu": the ``index`` (in ``gpus``) of the GPU it computes on, where the node can tell}},
      "window_seconds": the window the node measures work per step over (LAUNCHER_HEALTH_WINDOW)}
 
 The node samples every ``LAUNCHER_HEALTH_SAMPLE`` seconds (default :data:`SAMPLE_SECONDS`); its environment
 gives both variables (the local backend's nodes inherit the client's).
 
-The record is ``{"node", "incarnation", "interval", "samples": [oldest .. newest]}``, bounded over a long run
-(:func:`downsample`). It is rewritten whole: after every sample on a local work dir, at most every
+The record is ``{"node", "incarnation", "interval", "latest": the newest sample whole, "samples": [oldest ..
+newest]}``, where each of ``samples`` keeps only the figures drawn over time (:data:`SERIES_FIGURES`,
+:data:`SERIES_GPU_FIGURES`, :data:`SERIES_RANK_FIGURES`), bounded over a long run (:func:`downsample`): a node
+with 8 ranks on 8 GPUs keeps at most about 540 kB however long it runs. It is rewritten whole: after every sample on a local work dir, at most every
 :data:`STORE_SERIES_SECONDS` on object stores (which bill requests); there the latest sample also rides on the
 status heartbeat (``status["health"]``), which is written anyway, so readers take the newer of the two
 (:func:`latest_sample`).
@@ -54,6 +56,12 @@ MAX_SAMPLES = 240  # older samples are thinned to stay within this many
 
 Sample = dict[str, Any]
 
+# what each sample of the series keeps (the latest keeps everything)
+SERIES_FIGURES = ("at", "cpu_percent", "cores", "rss_bytes", "mem_available_bytes")
+SERIES_GPU_FIGURES = ("index", "util_percent", "mem_used_bytes")
+SERIES_RANK_FIGURES = ("steps", "step_source", "steps_per_s", "samples_per_s", "cpu_percent", "work_per_step_s",
+                       "metrics")
+
 
 def health_key(node: str) -> str:
     return f"{HEALTH_PREFIX}/{node}.json"
@@ -70,13 +78,25 @@ def downsample(samples: list[Sample], recent: int = RECENT_SAMPLES, limit: int =
     return older + newer
 
 
+def compact(sample: Sample) -> Sample:
+    """``sample`` with only the figures the series keeps."""
+    kept: Sample = {name: sample[name] for name in SERIES_FIGURES if name in sample}
+    if isinstance(sample.get("gpus"), list):
+        kept["gpus"] = [{name: gpu[name] for name in SERIES_GPU_FIGURES if name in gpu}
+                        for gpu in sample["gpus"] if isinstance(gpu, dict)]
+    if isinstance(sample.get("ranks"), dict):
+        kept["ranks"] = {rank: {name: figures[name] for name in SERIES_RANK_FIGURES if name in figures}
+                         for rank, figures in sample["ranks"].items() if isinstance(figures, dict)}
+    return kept
+
+
 def latest_sample(status: dict[str, Any] | None, series: dict[str, Any] | None) -> Sample | None:
     """The newest sample a node wrote: in its status heartbeat or in its health record."""
     candidates = []
     if status and isinstance(status.get("health"), dict):
         candidates.append(status["health"])
-    if series and isinstance(series.get("samples"), list) and series["samples"]:
-        candidates.append(series["samples"][-1])
+    if series and isinstance(series.get("latest"), dict):
+        candidates.append(series["latest"])
     candidates = [sample for sample in candidates if isinstance(sample, dict)
                   and isinstance(sample.get("at"), (int, float))]
     return max(candidates, key=lambda sample: sample["at"]) if candidates else None
@@ -99,7 +119,8 @@ class HealthRecord:
         self.node = node
         self.incarnation = incarnation
         self.interval = interval
-        self.samples: list[Sample] = []
+        self.latest: Sample | None = None
+        self.samples: list[Sample] = []  # compacted
         self._lock = threading.Lock()
         self._written_at = float("-inf")
         self._unwritten = False
@@ -107,7 +128,8 @@ class HealthRecord:
     def add(self, sample: Sample) -> None:
         """Keep ``sample``; write the record when it is due (always on a local work dir)."""
         with self._lock:
-            self.samples = downsample([*self.samples, sample])
+            self.latest = sample
+            self.samples = downsample([*self.samples, compact(sample)])
             self._unwritten = True
             due = self.store.is_local or time.monotonic() - self._written_at >= STORE_SERIES_SECONDS
         if due:
@@ -119,7 +141,7 @@ class HealthRecord:
             if not self._unwritten:
                 return
             body = {"node": self.node, "incarnation": self.incarnation, "interval": self.interval,
-                    "samples": self.samples}
+                    "latest": self.latest, "samples": self.samples}
             data = json.dumps(body).encode()
             self._unwritten = False
             self._written_at = time.monotonic()

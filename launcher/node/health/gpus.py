@@ -100,7 +100,7 @@ class GpuReader:
                          "power_watts": None if power is None else power / 1000,
                          "temp_c": _ask(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)})
             for process in _ask(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or ():
-                users.setdefault(int(process.pid), len(gpus) - 1)
+                users.setdefault(int(process.pid), index)
         return gpus, users
 
 
