@@ -95,12 +95,10 @@ def status(ref: str | None, *, as_json: bool) -> int:
         sys.stdout.write("\n")
     else:
         rows = [["NODE", "RANK", "STATE", "EXIT", "ADDRESS", "DEVICES", "UPDATED", "REASON"]]
-        lost = view.lost
         for name in info.nodes:
-            record = {**view.statuses.get(name, {}), **({"state": "lost", **lost[name]} if name in lost else {})}
+            record = view.shown_status(name)
             rank = view.rank_of(name)
-            rows.append([name, "-" if rank is None else str(rank),
-                         record.get("state", "not started" if view.never_started or name in view.unstarted else "pending"),
+            rows.append([name, "-" if rank is None else str(rank), record["state"],
                          "-" if record.get("exit_code") is None else str(record["exit_code"]),
                          _address(record), _devices(record.get("accelerators")),
                          _age(record.get("updated_at")), record.get("reason") or ""])

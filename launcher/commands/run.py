@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import re
 import sys
 
 from launcher import render
 from launcher.backends import backend_for
 from launcher.errors import BadInput
+from launcher.runs.state import RUN_ID
 from launcher.secrets_mask import mask
 from launcher.spec import Overrides, load_spec
-
-
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: bool, resume_from: str | None,

@@ -49,6 +49,12 @@ def parse_since(text: str | None, now: float | None = None) -> float | None:
         raise BadInput(f"--since {text!r}: use seconds (90), a duration (5m, 2h) or an ISO time") from None
 
 
+def speaker(record: dict) -> str:
+    """Who wrote a log line: the node program or torchrun (their tags), else a training process (its rank)."""
+    rank = record.get("r")
+    return TAGS.get(record.get("s")) or (str(rank) if isinstance(rank, int) else "?")
+
+
 @dataclass
 class _Cursor:
     """Where a node's log stands for this reader: the next chunk's number, and its name once known."""
@@ -189,19 +195,31 @@ class LogFollower:
             streams, self.tail = [collections.deque(stream, maxlen=self.tail) for stream in streams], None
         return streams
 
-    def poll(self, *, final: bool = False) -> int:
-        """Print lines from chunks not read yet; return how many lines were printed."""
+    def positions(self) -> dict[str, tuple[int, str | None]]:
+        """Where each node's log stands for this reader: its next chunk's number and name (when known)."""
+        return {node: (cursor.seq, cursor.name) for node, cursor in self._cursors.items()}
+
+    def resume(self, positions: dict[str, tuple[int, str | None]]) -> None:
+        """Go on from where another reader of this run stood (its :meth:`positions`)."""
+        for node, (seq, name) in positions.items():
+            if node in self._cursors:
+                self._cursors[node] = _Cursor(seq, name)
+
+    def records(self, *, final: bool = False) -> Iterator[tuple[str, dict]]:
+        """Each line of the chunks not read yet, as its node and its record, merged in time order."""
         streams = self._streams(final)
         merged: Iterable[tuple[float, int, int, str, dict]] = (
             streams[0] if len(streams) == 1 else heapq.merge(*streams))
+        return ((node, record) for _, _, _, node, record in merged)
+
+    def poll(self, *, final: bool = False) -> int:
+        """Print lines from chunks not read yet; return how many lines were printed."""
         prefixes: dict[tuple[str, str], str] = {}
         parts: list[str] = []
         count = 0
-        for _, _, _, node, record in merged:
+        for node, record in self.records(final=final):
             stream = record.get("s")
-            rank = record.get("r")
-            # who wrote it: the node program or torchrun (their tags), else a training process (its rank)
-            who = TAGS.get(stream) or (str(rank) if isinstance(rank, int) else "?")
+            who = speaker(record)
             prefix = prefixes.get((node, who))
             if prefix is None:
                 prefix = prefixes[(node, who)] = (f"{self.prefix(node)} {who}" if stream in TAGS

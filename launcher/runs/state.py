@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 
 
 RECORD_BACKENDS = ("local", "docker", "oci", "slurm")  # the backends a run.json may name, besides compose
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # what a run id may be: a name for a directory and a prefix
 
 
 def home() -> Path:
@@ -77,8 +79,8 @@ def save(info: RunInfo) -> Path:
 def load(path: Path) -> RunInfo:
     import yaml
 
-    try:
-        data = yaml.safe_load(path.read_text())
+    try:  # libyaml's parser where PyYAML has it: listing a thousand runs reads a thousand of these
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         info = RunInfo(**data, path=str(path))
         if not (isinstance(info.nodes, list) and all(isinstance(n, str) for n in info.nodes) and info.nodes
                 and isinstance(info.run_id, str) and isinstance(info.work_dir, str)
@@ -100,12 +102,12 @@ def reread(info: RunInfo) -> RunInfo:
         return info
 
 
-def all_runs() -> list[RunInfo]:
-    """Every recorded run, newest first."""
+def all_runs(reader: Callable[[Path], RunInfo] = load) -> list[RunInfo]:
+    """Every recorded run, newest first; each record read by ``reader`` (one that keeps what it read, say)."""
     found = []
     for path in runs_dir().glob("*/info.yaml"):
         try:
-            found.append(load(path))
+            found.append(reader(path))
         except BadInput:
             continue
     return sorted(found, key=lambda info: info.created_at, reverse=True)
@@ -115,6 +117,17 @@ def _slurm_jobs(ids: dict[str, Any]) -> set[str]:
     """The Slurm jobs a run's record names."""
     attempt = ids.get("attempt") or {}
     return {ids.get("job_id"), *(ids.get("added") or {}).values(), *(attempt.get("units") or {}).values()} - {None}
+
+
+def recorded_run(run_id: str) -> RunInfo:
+    """The run this machine records under ``run_id``, a run id and nothing else (no path, URL or prefix): for a
+    caller that takes the id from someone else (the ``ui``'s URLs)."""
+    if not RUN_ID.fullmatch(run_id):
+        raise BadInput(f"{run_id!r} is not a run id (1-100 letters, digits, '.', '_' or '-')")
+    path = runs_dir() / run_id / "info.yaml"
+    if not path.is_file():
+        raise BadInput(f"no run '{run_id}' in {runs_dir()}")
+    return load(path)
 
 
 def resolve_run(ref: str | None) -> RunInfo:

@@ -64,6 +64,14 @@ class RunView:
         return [name for name in self.info.nodes if (fate := self.fates.get(name)) is not None and
                 fate.never_started and self.statuses.get(name, {}).get("state") not in FINAL_STATES]
 
+    def shown_status(self, node: str) -> dict[str, Any]:
+        """The node's status as readers show it: its record, with a lost node's end over it, and a state also before
+        it has reported (pending, or not started where the backend never gave it a machine)."""
+        lost = self.lost
+        record = {**self.statuses.get(node, {}), **({"state": "lost", **lost[node]} if node in lost else {})}
+        record.setdefault("state", "not started" if self.never_started or node in self.unstarted else "pending")
+        return record
+
     def went_on_without(self, node: str) -> bool:
         """A recovering run whose latest round does not hold ``node``: its end closed an earlier round and the run
         went on without it (where no supervisor recorded it lost then, e.g. a Slurm task killed with its node)."""
