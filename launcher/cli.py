@@ -164,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = verbs.add_parser("list", help="recent runs")
     p.add_argument("-n", type=_positive_int, default=20, help="how many (default 20)")
     p.set_defaults(handler=_list)
+
+    p = verbs.add_parser("ui", help="every run in a local web page: nodes, failures, live logs, cancel")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
+                   "only; another is warned about)")
+    p.add_argument("--port", type=_port, default=0, help="port to listen on (default 0: any free port, printed)")
+    p.add_argument("--no-browser", action="store_true", help="print the address only; do not open a browser")
+    p.set_defaults(handler=_ui)
     for verb in verbs.choices.values():  # -v works after the verb too (default: the global flag's value)
         verb.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                           help="debug output and tracebacks")
@@ -184,6 +191,14 @@ def _at_least(convert: Callable[[str], float], minimum: float, what: str) -> Cal
 
 
 _positive_int = _at_least(int, 1, "a whole number")
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port number, or 0 for any free port."""
+    port = int(_at_least(int, 0, "a port number")(text))
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port is at most 65535")
+    return port
 _non_negative_seconds = _at_least(float, 0, "a number of seconds")
 
 
@@ -290,6 +305,12 @@ def _list(args: argparse.Namespace) -> int:
     from launcher.commands.inspect import list_runs
 
     return list_runs(args.n)
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from launcher.commands.ui import ui
+
+    return ui(host=args.host, port=args.port, open_browser=not args.no_browser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,161 @@
+"""The ``ui``'s pages and the JSON they read, as a Flask app; every request passes :class:`Access` first."""
+
+from __future__ import annotations
+
+import html
+import sys
+import threading
+from importlib import resources
+from urllib.parse import urlencode
+from typing import Any, Callable
+
+from flask import Flask, Response, abort, jsonify, redirect, request
+from werkzeug.exceptions import HTTPException
+
+from launcher.errors import BadInput, LauncherError
+from launcher.runs import timeline as tl
+from launcher.runs.state import RunInfo, recorded_run
+from launcher.ui.access import COOKIE, HEADER, TOKEN_PARAMETER, Access
+from launcher.ui.catalog import Query, RunCatalog
+from launcher.ui.logpage import MAX_LINES, read_log
+from launcher.ui.runpage import run_page
+
+CANCEL_GRACE_SECONDS = 15.0  # as `launcher cancel`'s default
+SECURITY_HEADERS = {
+    # nothing from elsewhere, no inline script, never inside another site's frame
+    "Content-Security-Policy": "default-src 'self'; img-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+                               "form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+REFUSED = "forbidden: open the address `launcher ui` printed, with its token"
+
+
+def create_app(access: Access, catalog: RunCatalog | None = None,
+               cancel: Callable[[RunInfo], None] | None = None) -> Flask:
+    """The app for one server; ``cancel`` stops a run (by default as ``launcher cancel`` does, in the background)."""
+    app = Flask(__name__, static_folder="static", static_url_path="/static")
+    catalog = catalog or RunCatalog()
+    cancel = cancel or _cancel_in_background
+
+    @app.before_request
+    def guard() -> Response | None:
+        if not access.host_allowed(request.headers.get("Host")):
+            return _refused(f"forbidden: Host {request.headers.get('Host')!r} is not this server's address")
+        offered = request.args.get(TOKEN_PARAMETER)
+        if offered is not None:
+            if not access.holds_secret(offered) or request.method != "GET":
+                return _refused(REFUSED)
+            # the secret leaves the address (history, what a link would pass on) for a cookie only this server gets
+            others = urlencode([(key, value) for key, value in request.args.items(multi=True)
+                                if key != TOKEN_PARAMETER])
+            answer = redirect(request.path + (f"?{others}" if others else ""), code=303)
+            answer.set_cookie(COOKIE, access.secret, httponly=True, samesite="Strict", path="/")
+            return answer
+        if not access.holds_secret(request.cookies.get(COOKIE)):
+            return _refused(REFUSED)
+        if request.method not in ("GET", "HEAD") and not access.holds_secret(request.headers.get(HEADER)):
+            return _refused(f"forbidden: a change needs the {HEADER} header")
+        return None
+
+    @app.after_request
+    def headers(answer: Response) -> Response:
+        answer.headers.update(SECURITY_HEADERS)
+        return answer
+
+    @app.errorhandler(LauncherError)
+    def launcher_error(exc: LauncherError) -> tuple[Response, int]:
+        return jsonify(error=str(exc)), 400
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> tuple[Response, int]:
+        return jsonify(error=exc.description), exc.code or 500
+
+    @app.get("/")
+    def runs_page() -> Response:
+        return _page("runs.html", access)
+
+    @app.get("/runs/<run_id>")
+    def one_run_page(run_id: str) -> Response:
+        _recorded(run_id)
+        return _page("run.html", access)
+
+    @app.get("/api/runs")
+    def runs() -> Response:
+        query = Query(text=request.args.get("q", ""), state=request.args.get("state", ""),
+                      backend=request.args.get("backend", ""), page=_number("page", 1),
+                      per_page=_number("per_page", 50))
+        return jsonify(catalog.page(query))
+
+    @app.get("/api/runs/<run_id>")
+    def one_run(run_id: str) -> Response:
+        return jsonify(run_page(_recorded(run_id)))
+
+    @app.get("/api/runs/<run_id>/log")
+    def log(run_id: str) -> Response:
+        info = _recorded(run_id)
+        return jsonify(read_log(info, after=request.args.get("after"), rank=request.args.get("rank") or None,
+                                limit=_number("limit", MAX_LINES), final=request.args.get("final") == "1"))
+
+    @app.get("/api/runs/<run_id>/timeline.svg")
+    def timeline(run_id: str) -> Response | tuple[Response, int]:
+        from launcher import timeline_svg
+
+        found = tl.read_timeline(_recorded(run_id))
+        if not found.events:
+            return jsonify(error="nothing recorded yet"), 404
+        return Response(timeline_svg.svg(found), mimetype="image/svg+xml")
+
+    @app.post("/api/runs/<run_id>/cancel")
+    def cancel_run(run_id: str) -> tuple[Response, int]:
+        info = _recorded(run_id)
+        cancel(info)
+        return jsonify(message=f"run {run_id}: cancel requested"), 202
+
+    return app
+
+
+def _recorded(run_id: str) -> RunInfo:
+    """The run a URL names: a run id recorded here, checked as the CLI checks ``--run-id`` (no path, no prefix)."""
+    try:
+        return recorded_run(run_id)
+    except BadInput as exc:
+        abort(404, str(exc))
+
+
+def _refused(why: str) -> Response:
+    return Response(why + "\n", status=403, mimetype="text/plain")
+
+
+def _number(name: str, default: int) -> int:
+    text = request.args.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise BadInput(f"{name}={text!r}: not a whole number") from None
+
+
+def _page(name: str, access: Access) -> Response:
+    """A page of the package, with the secret the page's script sends in the header of a change."""
+    text = resources.files("launcher.ui").joinpath("static", name).read_text(encoding="utf-8")
+    return Response(text.replace("{{token}}", html.escape(access.secret)), mimetype="text/html")
+
+
+def _cancel_in_background(info: RunInfo) -> None:
+    """Cancel as ``launcher cancel`` does, with its grace; the page sees the run end as it polls."""
+    from launcher.commands.cancel import cancel_run
+
+    def cancelling() -> None:
+        try:
+            cancel_run(info, grace=CANCEL_GRACE_SECONDS, say=_say)
+        except LauncherError as exc:
+            _say(f"run {info.run_id}: cancel failed: {exc}")
+
+    threading.Thread(target=cancelling, name=f"cancel {info.run_id}").start()
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

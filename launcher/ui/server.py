@@ -1,0 +1,57 @@
+"""Start the ``ui``'s server: bind, say where (with the secret), open the browser, serve until Ctrl-C."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import webbrowser
+from typing import TextIO
+
+from launcher.ui.access import LOCAL_NAMES, Access
+from launcher.ui.routes import create_app
+
+
+class Server:
+    """The app on a threaded WSGI server bound to ``host``:``port`` (0: any free port)."""
+
+    def __init__(self, host: str, port: int):
+        from werkzeug.serving import make_server
+
+        self.access = Access(host)
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request: the page polls
+        self.wsgi = make_server(host, port, create_app(self.access), threaded=True)
+        self.access.port = self.wsgi.server_port
+
+    def serve(self) -> None:
+        self.wsgi.serve_forever()
+
+    def stop(self) -> None:
+        self.wsgi.shutdown()
+
+    def close(self) -> None:
+        self.wsgi.server_close()
+
+
+def serve(host: str, port: int, *, open_browser: bool, out: TextIO = sys.stdout) -> None:
+    """Serve until interrupted; the URL printed holds the secret every request needs."""
+    if host not in LOCAL_NAMES:
+        sys.stderr.write(f"warning: listening on {host}: anyone who can reach it and learns the token can see and "
+                         "cancel your runs; the traffic is not encrypted\n")
+    try:
+        server = Server(host, port)
+    except OSError as exc:
+        from launcher.errors import BadInput
+
+        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    url = server.access.url()
+    out.write(f"launcher ui: {url}\n(Ctrl-C stops it)\n")
+    out.flush()
+    if open_browser:
+        webbrowser.open(url)
+    try:
+        server.serve()  # Werkzeug's loop ends on Ctrl-C itself; one between its turns ends up here
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    out.write("launcher ui: stopped\n")

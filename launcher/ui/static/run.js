@@ -1,0 +1,144 @@
+"use strict";
+// One run: its state every few seconds; its merged log after a cursor, at most MAX_LINES kept (oldest dropped).
+const RUN_ID = decodeURIComponent(location.pathname.split("/").pop());
+const API = "/api/runs/" + encodeURIComponent(RUN_ID);
+const STATE_MS = 2000;
+const LOG_MS = 1000;
+const MAX_LINES = 5000;
+const logBox = document.getElementById("log");
+let ended = false;
+let after = null;        // the server's cursor: where each node's log stands for this page
+let generation = 0;      // a new rank filter starts the log again; answers to older questions are dropped
+let dropped = 0;
+let lastDone = false;    // the ended run's log was read to its end
+const ranks = new Set();
+
+async function showRun() {
+  try {
+    const run = await getJson(API);
+    document.title = "launcher: " + run.run_id;
+    document.getElementById("run-id").textContent = run.run_id;
+    const state = document.getElementById("state");
+    state.textContent = run.result;
+    state.className = "state " + run.result.replace(/ /g, "-");
+    document.getElementById("facts").textContent =
+      `${run.name || "(no name)"} on ${run.backend}, ${run.nodes.length} node${run.nodes.length === 1 ? "" : "s"}; ` +
+      `started ${when(run.created_at)}; work dir ${run.work_dir}`;
+    const engine = document.getElementById("engine");
+    engine.hidden = !run.engine;
+    engine.textContent = run.engine;
+    const summary = document.getElementById("summary");
+    summary.hidden = !run.summary;
+    summary.textContent = run.summary;
+    document.getElementById("cancel").hidden = run.ended;
+    const body = document.querySelector("#nodes tbody");
+    body.replaceChildren();
+    for (const node of run.nodes) {
+      const row = body.insertRow();
+      row.dataset.node = node.name;
+      cell(row, node.name);
+      cell(row, node.rank);
+      cell(row, node.state, "state " + String(node.state).replace(/ /g, "-"));
+      cell(row, node.exit_code);
+      cell(row, node.address);
+      cell(row, when(node.updated_at));
+      cell(row, node.reason, "reason");
+    }
+    showTimeline();
+    showProblem(null);
+    ended = run.ended;
+  } catch (error) {
+    showProblem(error);
+  }
+  if (!ended) setTimeout(showRun, STATE_MS);
+}
+
+function showTimeline() {
+  const picture = document.getElementById("timeline");
+  const fresh = new Image();
+  fresh.onload = () => {
+    picture.src = fresh.src;
+    picture.hidden = false;
+    document.getElementById("no-timeline").hidden = true;
+  };
+  fresh.src = API + "/timeline.svg?at=" + Date.now();
+}
+
+function addLines(lines) {
+  const follow = document.getElementById("follow").checked;
+  const fragment = document.createDocumentFragment();
+  for (const line of lines) {
+    const row = document.createElement("div");
+    row.className = "line";
+    row.dataset.node = line.node;
+    row.dataset.who = line.who;
+    const who = document.createElement("span");
+    who.className = "who";
+    who.textContent = line.who.startsWith("[") ? `[${line.node}] ${line.who}` : `[${line.node} r${line.who}]`;
+    row.append(who, " ", line.text);
+    fragment.append(row);
+    if (!line.who.startsWith("[") && !ranks.has(line.who)) addRank(line.who);
+  }
+  logBox.append(fragment);
+  while (logBox.childElementCount > MAX_LINES) {
+    logBox.firstElementChild.remove();
+    dropped += 1;
+  }
+  document.getElementById("log-count").textContent =
+    `${logBox.childElementCount} lines` + (dropped ? ` (${dropped} older ones dropped)` : "");
+  if (follow && lines.length) logBox.scrollTop = logBox.scrollHeight;
+}
+
+function addRank(rank) {
+  ranks.add(rank);
+  const option = document.createElement("option");
+  option.value = option.textContent = rank;
+  const select = document.getElementById("rank");
+  const later = [...select.options].find((o) => /^\d+$/.test(o.value) && Number(o.value) > Number(rank));
+  select.insertBefore(option, later || null);
+}
+
+async function pollLog() {
+  const asked = generation;
+  const wasEnded = ended;
+  const query = new URLSearchParams({limit: String(MAX_LINES), final: wasEnded ? "1" : "0"});
+  const rank = document.getElementById("rank").value;
+  if (rank) query.set("rank", rank);
+  if (after) query.set("after", after);
+  try {
+    const found = await getJson(API + "/log?" + query);
+    if (asked !== generation) return;  // the filter changed meanwhile: this answer is for the old one
+    after = found.after;
+    dropped += found.skipped;
+    addLines(found.lines);
+    if (wasEnded) lastDone = true;
+  } catch (error) {
+    showProblem(error);
+  }
+  if (!lastDone) setTimeout(pollLog, LOG_MS);
+}
+
+document.getElementById("rank").addEventListener("change", () => {
+  generation += 1;
+  after = null;
+  dropped = 0;
+  logBox.replaceChildren();
+  if (lastDone) {
+    lastDone = false;
+    pollLog();
+  }
+});
+
+document.getElementById("cancel").addEventListener("click", async () => {
+  if (!confirm(`Cancel run ${RUN_ID}? Every node is stopped (forced after 15 s).`)) return;
+  try {
+    await postJson(API + "/cancel");
+    document.getElementById("cancel").disabled = true;
+    document.getElementById("cancel").textContent = "cancelling…";
+  } catch (error) {
+    showProblem(error);
+  }
+});
+
+showRun();
+pollLog();
