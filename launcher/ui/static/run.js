@@ -30,6 +30,7 @@ async function showRun() {
     const summary = document.getElementById("summary");
     summary.hidden = !run.summary;
     summary.textContent = run.summary;
+    summary.className = run.result.replace(/ /g, "-");
     document.getElementById("cancel").hidden = run.ended;
     const body = document.querySelector("#nodes tbody");
     body.replaceChildren();

@@ -1,0 +1,209 @@
+"""``launcher ui`` in a real browser (issue 40): Debian's headless chromium, driven through chromium-driver by
+Selenium, shows the pages of real runs of the local backend (one finished, one failed, one still training) as a
+person sees them: the nodes, the failure's cause, the log lines as they arrive; and cancels a run after confirming.
+
+Set LAUNCHER_UI_SCREENSHOTS to a directory (docs/images) to keep the pages' pictures there."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster import write_spec
+from conftest import require, run_cli
+from clirun import run_id_from
+
+pytestmark = pytest.mark.slow
+
+FINISHES = """
+import os
+rank = os.environ["RANK"]
+for epoch in range(1, 4):
+    print(f"rank {rank} epoch {epoch} done", flush=True)
+"""
+FAILS = """
+import os, time
+rank = os.environ["RANK"]
+print(f"rank {rank} epoch 1 done", flush=True)
+if rank == "1":
+    raise ValueError("bad batch")
+time.sleep(120)
+"""
+TRAINS = """
+import itertools, os, time
+rank = os.environ["RANK"]
+for step in itertools.count():
+    print(f"rank {rank} step {step}", flush=True)
+    time.sleep(0.2)
+"""
+WAIT_SECONDS = 120
+
+
+def _run(directory: Path, script: str, *, detach: bool = False) -> str:
+    directory.mkdir()
+    spec = write_spec(directory, script, nodes=2)
+    done = run_cli("run", "-f", str(spec), *(["--detach"] if detach else []), cwd=directory, timeout=240)
+    assert done.returncode == (1 if script is FAILS else 0), done.stdout + done.stderr
+    return run_id_from(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The three runs, and the home that records them."""
+    root = tmp_path_factory.mktemp("ui-runs")
+    os.environ["LAUNCHER_HOME"] = str(root / "home")  # the module's own, for the CLI and the ui alike
+    try:
+        found = {"finished": _run(root / "finished", FINISHES), "failed": _run(root / "failed", FAILS),
+                 "training": _run(root / "training", TRAINS, detach=True), "home": root / "home"}
+        yield found
+        run_cli("cancel", found["training"], "--grace", "5")  # where the test did not get to it
+    finally:
+        del os.environ["LAUNCHER_HOME"]
+
+
+@pytest.fixture(scope="module")
+def url(runs) -> str:
+    """``launcher ui`` as a user starts it: its printed address, with the secret."""
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "ui", "--no-browser"], text=True,
+                            stdout=subprocess.PIPE, env={**os.environ, "LAUNCHER_HOME": str(runs["home"])})
+    printed = proc.stdout.readline()
+    assert printed.startswith("launcher ui: http://127.0.0.1:"), printed
+    yield printed.split(": ", 1)[1].strip()
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    chromium, driver_binary = shutil.which("chromium"), shutil.which("chromedriver")
+    require(chromium is not None and driver_binary is not None,
+            "chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,900",
+                     f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(driver_binary), options=options)
+    yield driver
+    driver.quit()
+
+
+def _wait(browser, condition, what: str):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(browser, WAIT_SECONDS, poll_frequency=0.2).until(condition, message=what)
+
+
+def _text(browser, selector: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.CSS_SELECTOR, selector).text
+
+
+def _node_states(browser) -> dict[str, str]:
+    from selenium.webdriver.common.by import By
+
+    return {row.get_attribute("data-node"): row.find_elements(By.TAG_NAME, "td")[2].text
+            for row in browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")}
+
+
+def _log_lines(browser) -> list[str]:
+    return browser.execute_script("return [...document.querySelectorAll('#log .line')].map(l => l.textContent)")
+
+
+def _screenshot(browser, name: str, tmp_path: Path) -> None:
+    where = Path(os.environ.get("LAUNCHER_UI_SCREENSHOTS") or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(where / name))
+
+
+def test_the_list_shows_every_run_with_its_state_and_the_cause_of_a_failure(runs, url, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    browser.get(url)
+    assert "token=" not in browser.current_url  # traded for the cookie at once
+
+    def states(driver) -> dict[str, str] | bool:
+        rows = driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+        shown = {row.get_attribute("data-run"): row.find_elements(By.TAG_NAME, "td")[6].text for row in rows}
+        return shown if len(shown) == 3 else False
+
+    shown = _wait(browser, states, "the three runs listed")
+    assert shown == {runs["finished"]: "succeeded", runs["failed"]: "failed", runs["training"]: "running"}
+    failed_row = browser.find_element(By.CSS_SELECTOR, f'#runs tr[data-run="{runs["failed"]}"]')
+    assert "cause: rank 1: ValueError: bad batch" in failed_row.text
+    _screenshot(browser, "ui-runs.png", tmp_path)
+    browser.find_element(By.ID, "state").send_keys("failed")  # the server filters
+    _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#runs tbody tr")) == 1, "only the failed run")
+    assert browser.find_element(By.CSS_SELECTOR, "#runs tbody tr").get_attribute("data-run") == runs["failed"]
+
+
+def test_a_finished_runs_page_shows_its_nodes_and_its_whole_log(runs, url, browser):
+    browser.get(url.replace("/?", f"/runs/{runs['finished']}?"))
+    _wait(browser, lambda d: _node_states(d) == {"t-main": "succeeded", "t-worker-0": "succeeded"}, "both nodes")
+    _wait(browser, lambda d: "rank 1 epoch 3 done" in "\n".join(_log_lines(d)), "the log to its end")
+    said = [line for line in _log_lines(browser) if "epoch" in line]  # the nodes' lines merged by time
+    for node, rank in (("t-main", 0), ("t-worker-0", 1)):
+        assert [line for line in said if line.startswith(f"[{node} r{rank}]")] == [
+            f"[{node} r{rank}] rank {rank} epoch {epoch} done" for epoch in (1, 2, 3)]
+    assert len(said) == 6
+    assert f"run {runs['finished']} succeeded" in _text(browser, "#summary")
+    assert browser.find_element("id", "timeline").is_displayed()
+    assert not browser.find_element("id", "cancel").is_displayed()
+
+
+def test_a_failed_runs_page_names_the_node_and_the_cause(runs, url, browser, tmp_path):
+    browser.get(url.replace("/?", f"/runs/{runs['failed']}?"))
+    _wait(browser, lambda d: "cause:" in _text(d, "#summary"), "the failure summary")
+    summary = _text(browser, "#summary")
+    assert f"run {runs['failed']} failed: node t-worker-0 exited with status 1" in summary
+    assert "cause: rank 1: ValueError: bad batch" in summary
+    assert "stopped because of it: node t-main" in summary
+    assert _node_states(browser) == {"t-main": "failed", "t-worker-0": "failed"}
+    _wait(browser, lambda d: any(line.endswith("ValueError: bad batch") for line in _log_lines(d)), "the traceback")
+    _wait(browser, lambda d: d.find_element("id", "timeline").is_displayed(), "the timeline picture")
+    _screenshot(browser, "ui-failed-run.png", tmp_path)
+
+
+def test_a_training_runs_log_lines_arrive_and_cancel_after_confirming_ends_it(runs, url, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+
+    browser.get(url.replace("/?", f"/runs/{runs['training']}?"))
+    _wait(browser, lambda d: _text(d, "#state") == "running", "the run running")
+
+    def latest_step(driver) -> int:
+        steps = [int(found[1]) for line in _log_lines(driver) if (found := re.search(r"r0\] rank 0 step (\d+)", line))]
+        return max(steps, default=-1)
+
+    _wait(browser, lambda d: latest_step(d) >= 0, "a training line")
+    seen = latest_step(browser)
+    _wait(browser, lambda d: latest_step(d) >= seen + 3, "newer lines, as they arrive")
+    browser.find_element(By.CSS_SELECTOR, '#rank option[value="1"]')  # the ranks seen are offered
+    browser.execute_script("const s = document.getElementById('rank'); s.value = '1'; "
+                           "s.dispatchEvent(new Event('change'))")
+    _wait(browser, lambda d: len(_log_lines(d)) > 3, "rank 1's lines")
+    assert all(line.startswith("[t-worker-0 r1] rank 1 step") for line in _log_lines(browser))
+    _screenshot(browser, "ui-training-run.png", tmp_path)
+
+    browser.find_element(By.ID, "cancel").click()
+    alert = _wait(browser, expected_conditions.alert_is_present(), "the confirmation")
+    assert runs["training"] in alert.text
+    alert.dismiss()  # not confirmed: nothing is sent
+    assert browser.find_element(By.ID, "cancel").is_enabled() and _text(browser, "#state") == "running"
+    browser.find_element(By.ID, "cancel").click()
+    _wait(browser, expected_conditions.alert_is_present(), "the confirmation").accept()
+    _wait(browser, lambda d: _text(d, "#state") == "cancelled", "the run cancelled")
+    assert _node_states(browser) == {"t-main": "cancelled", "t-worker-0": "cancelled"}
+    assert f"run {runs['training']} cancelled: cancelled by user" in _text(browser, "#summary")
+    done = run_cli("status", runs["training"], env={**os.environ, "LAUNCHER_HOME": str(runs["home"])})
+    assert f"run {runs['training']} (local): cancelled" in done.stdout
