@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -48,3 +49,34 @@ def test_every_offline_verb_works_from_the_wheel(installed, tmp_path):
     assert done.returncode == 0 and (tmp_path / "compose.yaml").exists(), done.stderr
     bad = cli("validate", "-f", "missing.yaml")
     assert bad.returncode == 2
+
+
+def test_the_ui_serves_its_pages_from_the_wheel(installed, tmp_path):
+    """Its HTML, JavaScript and CSS ship inside the package, and its web framework is a dependency."""
+    proc = subprocess.Popen([str(installed), "ui", "--no-browser"], cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                            env={**os.environ, "LAUNCHER_HOME": str(tmp_path / "home"), "PYTHONPATH": ""})
+    try:
+        url = proc.stdout.readline().split(": ", 1)[1].strip()
+        address, _, secret = url.removeprefix("http://").partition("/?token=")
+        host, _, port = address.partition(":")
+        cookie = None
+        for path in ("/static/run.js", "/static/runs.js", "/static/common.js", "/static/ui.css", "/runs/r1", "/"):
+            connection = http.client.HTTPConnection(host, int(port), timeout=30)
+            connection.request("GET", path if cookie else f"{path}?token={secret}",
+                               headers={"Cookie": cookie} if cookie else {})
+            answer = connection.getresponse()
+            body = answer.read()
+            connection.close()
+            if cookie is None:
+                assert answer.status == 303
+                cookie = answer.getheader("Set-Cookie").split(";")[0]
+                connection = http.client.HTTPConnection(host, int(port), timeout=30)
+                connection.request("GET", path, headers={"Cookie": cookie})
+                answer = connection.getresponse()
+                body = answer.read()
+                connection.close()
+            expected = 404 if path == "/runs/r1" else 200  # no such run: the page is not served
+            assert answer.status == expected and body, (path, answer.status)
+    finally:
+        proc.terminate()
+        proc.wait(30)
