@@ -219,3 +219,25 @@ def test_the_cli_imports_the_web_framework_only_for_the_ui():
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_runs_page_carries_launcher_tops_figures_once_nodes_record_them(client, launcher_home):
+    from launcher.protocol.health import HealthRecord
+
+    write_run(launcher_home / "wd", "r2", "running", created_at=time.time())
+    assert client.json("/api/runs/r2")["health"] == []  # nothing sampled yet
+    store = write_run(launcher_home / "wd", "r1", "running", created_at=time.time())
+    works = {"t-main": 0.2, "t-worker-0": 0.6}  # rank 1 does three times rank 0's work per step
+    for rank, node in enumerate(NODES):
+        HealthRecord(store, node).add({
+            "at": time.time(), "window_seconds": 60.0, "cpu_percent": 99.0, "rss_bytes": 2**30,
+            "ranks": {str(rank): {"cpu_percent": 98.0, "rss_bytes": 2**30, "steps_per_s": 4.8, "samples_per_s": 153.6,
+                                  "work_per_step_s": works[node], "data_wait_fraction": 0.01, "window_s": 60.0,
+                                  "last_line_at": time.time()}}})
+    page = client.json("/api/runs/r1")
+    header, *rows = page["health"]
+    assert header[0] == "NODE / RANK" and "STEPS/S" in header and "WORK/STEP" in header
+    assert [row[0] for row in rows] == ["t-main", "  rank 0", "t-worker-0", "  rank 1"]
+    assert rows[3][header.index("STEPS/S")] == "4.80" and rows[3][header.index("WORK/STEP")] == "0.60 s"
+    assert page["stragglers"] == ["straggler: rank 1 on node t-worker-0 does 1.5x the median work per step "
+                                  "(0.60 s vs 0.40 s): CPU-bound"]

@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException
 
 from launcher.errors import BadInput, LauncherError
 from launcher.runs import timeline as tl
+from launcher.runs.health import HealthReader
 from launcher.runs.state import RunInfo, recorded_run
 from launcher.ui.access import COOKIE, HEADER, TOKEN_PARAMETER, Access
 from launcher.ui.catalog import Query, RunCatalog
@@ -37,6 +38,7 @@ def create_app(access: Access, catalog: RunCatalog | None = None,
     """The app for one server; ``cancel`` stops a run (by default as ``launcher cancel`` does, in the background)."""
     app = Flask(__name__, static_folder="static", static_url_path="/static")
     catalog = catalog or RunCatalog()
+    health = HealthReader()  # server-wide: each node's health record read at most once per sample interval
     cancel = cancel or _cancel_in_background
 
     @app.before_request
@@ -90,7 +92,7 @@ def create_app(access: Access, catalog: RunCatalog | None = None,
 
     @app.get("/api/runs/<run_id>")
     def one_run(run_id: str) -> Response:
-        return jsonify(run_page(_recorded(run_id)))
+        return jsonify(run_page(_recorded(run_id), health))
 
     @app.get("/api/runs/<run_id>/log")
     def log(run_id: str) -> Response:

@@ -45,6 +45,7 @@ async function showRun() {
       cell(row, when(node.updated_at));
       cell(row, node.reason, "reason");
     }
+    showHealth(run.health, run.stragglers);
     showTimeline();
     showProblem(null);
     ended = run.ended;
@@ -52,6 +53,28 @@ async function showRun() {
     showProblem(error);
   }
   if (!ended) setTimeout(showRun, STATE_MS);
+}
+
+function showHealth(table, stragglers) {
+  // launcher top's table: a row per node, then one per rank of it
+  const shown = document.getElementById("health");
+  shown.hidden = table.length === 0;
+  document.getElementById("no-health").hidden = table.length > 0;
+  const head = shown.tHead;
+  head.replaceChildren();
+  if (table.length) {
+    const row = head.insertRow();
+    for (const name of table[0]) row.append(Object.assign(document.createElement("th"), {textContent: name}));
+  }
+  const body = shown.tBodies[0];
+  body.replaceChildren();
+  for (const cells of table.slice(1)) {
+    const row = body.insertRow();
+    row.className = cells[0].startsWith(" ") ? "rank" : "node";
+    for (const text of cells) cell(row, text.trim());
+  }
+  const list = document.getElementById("stragglers");
+  list.replaceChildren(...stragglers.map((line) => Object.assign(document.createElement("li"), {textContent: line})));
 }
 
 function showTimeline() {
