@@ -241,3 +241,41 @@ def test_a_runs_page_carries_launcher_tops_figures_once_nodes_record_them(client
     assert rows[3][header.index("STEPS/S")] == "4.80" and rows[3][header.index("WORK/STEP")] == "0.60 s"
     assert page["stragglers"] == ["straggler: rank 1 on node t-worker-0 does 1.5x the median work per step "
                                   "(0.60 s vs 0.40 s): CPU-bound"]
+
+
+def test_bad_questions_and_unreadable_runs_get_an_answer_that_says_why(client, launcher_home, tmp_path):
+    from launcher.runs import state
+
+    for query, why in (("/api/runs?page=x", "page='x': not a whole number"), ("/api/runs?page=0", "pages count from 1"),
+                       ("/api/runs/r1/log?limit=0", "ask for 1 to 5000 lines")):
+        write_run(launcher_home / "wd", "r1", "running", created_at=time.time())
+        status, _, body = client.ask("GET", query)
+        assert status == 400 and why in json.loads(body)["error"], query
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    state.save(state.RunInfo(run_id="r2", backend="local", work_dir=str(blocked), nodes=["t-main"], spec_file="",
+                             spec_digest="", created_at=time.time() + 1))
+    listed = client.json("/api/runs")["runs"][0]
+    assert listed["run_id"] == "r2" and listed["state"] == "unknown"
+    assert listed["result"].startswith("work dir not readable: ") and "Not a directory" in listed["result"]
+    status, _, body = client.ask("GET", "/api/runs/r2")
+    assert status == 400 and "Not a directory" in json.loads(body)["error"]
+    state.save(state.RunInfo(run_id="r3", backend="local", work_dir=str(tmp_path / "wd3"), nodes=["t-main"],
+                             spec_file="", spec_digest="", created_at=time.time()))
+    status, _, body = client.ask("GET", "/api/runs/r3/timeline.svg")  # no node has written a thing yet
+    assert status == 404 and json.loads(body)["error"] == "nothing recorded yet"
+    write_run(launcher_home / "wd", "r4", "succeeded", created_at=time.time())
+    status, headers, body = client.ask("GET", "/api/runs/r4/timeline.svg")  # its nodes' ends are recorded
+    assert status == 200 and headers["content-type"] == "image/svg+xml; charset=utf-8" and b'data-node="t-main"' in body
+
+
+def test_a_port_in_use_is_refused_with_where(launcher_home):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "launcher", "ui", "--no-browser", "--port", str(port)],
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"error: cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr

@@ -7,7 +7,6 @@ import sys
 import threading
 from importlib import resources
 from urllib.parse import urlencode
-from typing import Any, Callable
 
 from flask import Flask, Response, abort, jsonify, redirect, request
 from werkzeug.exceptions import HTTPException
@@ -33,13 +32,12 @@ SECURITY_HEADERS = {
 REFUSED = "forbidden: open the address `launcher ui` printed, with its token"
 
 
-def create_app(access: Access, catalog: RunCatalog | None = None,
-               cancel: Callable[[RunInfo], None] | None = None) -> Flask:
-    """The app for one server; ``cancel`` stops a run (by default as ``launcher cancel`` does, in the background)."""
+def create_app(access: Access) -> Flask:
+    """The app for one server. What it keeps is server-wide, never per page: the list's records and ended rows, and
+    when it last read each node's health record."""
     app = Flask(__name__, static_folder="static", static_url_path="/static")
-    catalog = catalog or RunCatalog()
-    health = HealthReader()  # server-wide: each node's health record read at most once per sample interval
-    cancel = cancel or _cancel_in_background
+    catalog = RunCatalog()
+    health = HealthReader()  # each node's health record read at most once per sample interval
 
     @app.before_request
     def guard() -> Response | None:
@@ -111,8 +109,7 @@ def create_app(access: Access, catalog: RunCatalog | None = None,
 
     @app.post("/api/runs/<run_id>/cancel")
     def cancel_run(run_id: str) -> tuple[Response, int]:
-        info = _recorded(run_id)
-        cancel(info)
+        _cancel_in_background(_recorded(run_id))
         return jsonify(message=f"run {run_id}: cancel requested"), 202
 
     return app

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import webbrowser
 from typing import TextIO
 
+from launcher.errors import BadInput
 from launcher.ui.access import LOCAL_NAMES, Access
 from launcher.ui.routes import create_app
 
@@ -19,8 +21,13 @@ class Server:
 
         self.access = Access(host)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request: the page polls
-        self.wsgi = make_server(host, port, create_app(self.access), threaded=True)
-        self.access.port = self.wsgi.server_port
+        try:  # bound here: Werkzeug's own bind exits the process on an error, with advice for its own CLI
+            listening = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        except OSError as exc:
+            raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        with listening:  # the server works on its own copy of the socket
+            self.wsgi = make_server(host, port, create_app(self.access), threaded=True, fd=listening.fileno())
+        self.access.port = self.wsgi.port
 
     def serve(self) -> None:
         self.wsgi.serve_forever()
@@ -37,12 +44,7 @@ def serve(host: str, port: int, *, open_browser: bool, out: TextIO = sys.stdout)
     if host not in LOCAL_NAMES:
         sys.stderr.write(f"warning: listening on {host}: anyone who can reach it and learns the token can see and "
                          "cancel your runs; the traffic is not encrypted\n")
-    try:
-        server = Server(host, port)
-    except OSError as exc:
-        from launcher.errors import BadInput
-
-        raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    server = Server(host, port)
     url = server.access.url()
     out.write(f"launcher ui: {url}\n(Ctrl-C stops it)\n")
     out.flush()
