@@ -96,7 +96,7 @@ def test_no_other_site_may_read_an_answer_or_act(client, launcher_home):
         status, _, body = client.ask("POST", "/api/runs/r1/cancel", headers=headers)
         assert status == 403 and HEADER.encode() in body
     status, _, body = client.ask("POST", "/api/runs/r1/cancel", headers={HEADER: client.secret})
-    assert status == 202 and json.loads(body)["message"] == "run r1: cancel requested"
+    assert status == 200 and json.loads(body)["message"] == "run r1 already ended: succeeded; nothing to cancel"
 
 
 def test_run_ids_from_the_url_are_run_ids_recorded_here_nothing_else(client, launcher_home):
@@ -260,6 +260,8 @@ def test_bad_questions_and_unreadable_runs_get_an_answer_that_says_why(client, l
     assert listed["result"].startswith("work dir not readable: ") and "Not a directory" in listed["result"]
     status, _, body = client.ask("GET", "/api/runs/r2")
     assert status == 400 and "Not a directory" in json.loads(body)["error"]
+    status, _, body = client.ask("POST", "/api/runs/r2/cancel", headers={HEADER: client.secret})
+    assert status == 400 and "Not a directory" in json.loads(body)["error"]  # the page says why it could not
     state.save(state.RunInfo(run_id="r3", backend="local", work_dir=str(tmp_path / "wd3"), nodes=["t-main"],
                              spec_file="", spec_digest="", created_at=time.time()))
     status, _, body = client.ask("GET", "/api/runs/r3/timeline.svg")  # no node has written a thing yet
@@ -279,3 +281,18 @@ def test_a_port_in_use_is_refused_with_where(launcher_home):
         done = subprocess.run([sys.executable, "-m", "launcher", "ui", "--no-browser", "--port", str(port)],
                               env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and f"error: cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+
+
+def test_a_forced_stop_that_fails_in_the_background_is_said_in_the_servers_log(capsys, launcher_home):
+    from launcher.errors import BackendError
+    from launcher.runs import state
+    from launcher.ui import routes
+
+    class Refusing:  # a backend whose engine refuses to end the run's jobs
+        def stop(self, info, grace):
+            raise BackendError("scancel: Access/permission denied")
+
+    info = state.RunInfo(run_id="r1", backend="slurm", work_dir=str(launcher_home / "wd"), nodes=["t-main"],
+                         spec_file="", spec_digest="", created_at=time.time())
+    routes._force_stop(info, Refusing())
+    assert "run r1: forcing the cancel failed: scancel: Access/permission denied" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import time
 from typing import Callable
 
 from launcher.backends import backend_for
+from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK
 from launcher.protocol.control import request_cancel
 from launcher.runs.state import RunInfo, resolve_run
@@ -13,22 +14,31 @@ from launcher.runs.view import open_run, read_view
 
 
 def cancel(ref: str | None, *, grace: float) -> int:
-    cancel_run(resolve_run(ref), grace=grace, say=print)
+    info = resolve_run(ref)
+    backend = request_stop(info, grace=grace, say=print)
+    if backend is not None:
+        force_stop(info, backend, grace=grace, say=print)
     return EXIT_OK
 
 
-def cancel_run(info: RunInfo, *, grace: float, say: Callable[[str], None]) -> None:
-    """Stop the run: ask its nodes through the work dir, force what has not stopped after ``grace`` seconds; each
-    step is told to ``say`` (the CLI prints it; the ``ui`` keeps it in its server log)."""
+def request_stop(info: RunInfo, *, grace: float, say: Callable[[str], None]) -> Backend | None:
+    """Ask the run's nodes to stop, through the work dir (they are forced after ``grace`` seconds, by
+    :func:`force_stop`); its backend, or None where the run had ended already (what it left is removed then). Each
+    step is told to ``say`` (the CLI prints it)."""
     backend = backend_for(info.backend, "local")
     view = read_view(info, backend=backend)
     if view.ended:
         removed = backend.release(info)  # what a supervisor that died could not remove
         say(f"run {info.run_id} already ended: {view.result}; nothing to cancel"
             + (f"; removed what it left: {', '.join(removed)}" if removed else ""))
-        return
+        return None
     request_cancel(open_run(info))
     say(f"run {info.run_id}: cancel requested; nodes stop within seconds (forced after {grace:g}s)")
+    return backend
+
+
+def force_stop(info: RunInfo, backend: Backend, *, grace: float, say: Callable[[str], None]) -> None:
+    """Right after :func:`request_stop`: what has not stopped after ``grace`` seconds is ended by the backend."""
     asked = time.monotonic()
     forced = backend.stop(info, grace)
     if forced:

@@ -11,6 +11,8 @@ from urllib.parse import urlencode
 from flask import Flask, Response, abort, jsonify, redirect, request
 from werkzeug.exceptions import HTTPException
 
+from launcher.backends.base import Backend
+from launcher.commands.cancel import force_stop, request_stop
 from launcher.errors import BadInput, LauncherError
 from launcher.runs import timeline as tl
 from launcher.runs.health import HealthReader
@@ -109,8 +111,13 @@ def create_app(access: Access) -> Flask:
 
     @app.post("/api/runs/<run_id>/cancel")
     def cancel_run(run_id: str) -> tuple[Response, int]:
-        _cancel_in_background(_recorded(run_id))
-        return jsonify(message=f"run {run_id}: cancel requested"), 202
+        info = _recorded(run_id)
+        said: list[str] = []
+        # asked at once (a work dir that refuses it: the page hears why); forcing what remains takes the grace
+        backend = request_stop(info, grace=CANCEL_GRACE_SECONDS, say=said.append)
+        if backend is not None:
+            threading.Thread(target=_force_stop, args=(info, backend), name=f"cancel {run_id}").start()
+        return jsonify(message=" ".join(said)), 200 if backend is None else 202
 
     return app
 
@@ -143,17 +150,12 @@ def _page(name: str, access: Access) -> Response:
     return Response(text.replace("{{token}}", html.escape(access.secret)), mimetype="text/html")
 
 
-def _cancel_in_background(info: RunInfo) -> None:
-    """Cancel as ``launcher cancel`` does, with its grace; the page sees the run end as it polls."""
-    from launcher.commands.cancel import cancel_run
-
-    def cancelling() -> None:
-        try:
-            cancel_run(info, grace=CANCEL_GRACE_SECONDS, say=_say)
-        except LauncherError as exc:
-            _say(f"run {info.run_id}: cancel failed: {exc}")
-
-    threading.Thread(target=cancelling, name=f"cancel {info.run_id}").start()
+def _force_stop(info: RunInfo, backend: Backend) -> None:
+    """In the background, as ``launcher cancel`` goes on after its request; the page sees the run end as it polls."""
+    try:
+        force_stop(info, backend, grace=CANCEL_GRACE_SECONDS, say=_say)
+    except LauncherError as exc:
+        _say(f"run {info.run_id}: forcing the cancel failed: {exc}")
 
 
 def _say(line: str) -> None:
