@@ -131,11 +131,12 @@ async function pollLog() {
   if (after) query.set("after", after);
   try {
     const found = await getJson(API + "/log?" + query);
-    if (asked !== generation) return;  // the filter changed meanwhile: this answer is for the old one
-    after = found.after;
-    dropped += found.skipped;
-    addLines(found.lines);
-    if (wasEnded) lastDone = true;
+    if (asked === generation) {  // else the filter changed meanwhile: this answer is for the old one
+      after = found.after;
+      dropped += found.skipped;
+      addLines(found.lines);
+      if (wasEnded) lastDone = true;
+    }
   } catch (error) {
     showProblem(error);
   }
