@@ -296,3 +296,27 @@ def test_a_forced_stop_that_fails_in_the_background_is_said_in_the_servers_log(c
                          spec_file="", spec_digest="", created_at=time.time())
     routes._force_stop(info, Refusing())
     assert "run r1: forcing the cancel failed: scancel: Access/permission denied" in capsys.readouterr().err
+
+
+def test_a_page_that_opens_gets_the_newest_lines_without_the_older_chunks_being_read(client, launcher_home,
+                                                                                      monkeypatch):
+    from launcher.protocol.store import WorkDir
+
+    store = write_run(launcher_home / "wd", "r1", "running", created_at=time.time())
+    for part in range(20):  # 20 chunks of 1,000 lines from rank 0, one line of rank 1 after every fifth
+        ship(store, "t-main", [("out", f"step {part * 1000 + i}", 0) for i in range(1000)], max_lines=1000)
+        if part % 5 == 4:
+            ship(store, "t-worker-0", [("out", f"rank 1 after {part}", 1)])
+    read = []
+    get = WorkDir.get
+    monkeypatch.setattr(WorkDir, "get", lambda self, key: read.append(key) or get(self, key))
+    newest = client.json("/api/runs/r1/log?limit=1500")
+    assert [line["text"] for line in newest["lines"]] == [f"step {i}" for i in range(18_501, 20_000)] + [
+        "rank 1 after 19"]
+    assert newest["older"] and newest["skipped"] == 2000 + 4 - 1500  # read: 2 of main's chunks, the worker's 4
+    main_chunks = [int(key.split("/")[2][:6]) for key in read if key.startswith("logs/t-main/")]
+    assert sorted(main_chunks) == [18, 18, 19, 19, 20]  # the last two counted back, then read; the next looked for
+    ranked = client.json("/api/runs/r1/log?limit=2&rank=1")
+    assert [line["text"] for line in ranked["lines"]] == ["rank 1 after 14", "rank 1 after 19"] and ranked["older"]
+    short = client.json("/api/runs/r1/log?limit=5000&rank=1")
+    assert len(short["lines"]) == 4 and not short["older"]

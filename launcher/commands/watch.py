@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable, Iterator, TextIO
+from typing import Callable, Iterable, Iterator, TextIO
 
 from launcher.backends import backend_for
 from launcher.backends.base import Backend
@@ -204,6 +204,21 @@ class LogFollower:
         for node, (seq, name) in positions.items():
             if node in self._cursors:
                 self._cursors[node] = _Cursor(seq, name)
+
+    def start_at_newest(self, lines: int, keep: Callable[[dict], bool]) -> None:
+        """Start each node's log at the chunk from which its newest ``lines`` lines that ``keep`` wants are read,
+        reading its chunks from the last back (or from its first): the newest lines of a log of millions cost a
+        few chunks, not the whole log."""
+        for node in self.nodes:
+            names = sorted((name for name in self.run.list(f"{LOGS_PREFIX}/{node}") if name.endswith(".jsonl")),
+                           key=lambda name: parse_chunk_name(name)[0])
+            found = 0
+            for name in reversed(names):
+                data = self.run.get(f"{LOGS_PREFIX}/{node}/{name}") or b""
+                found += sum(1 for *_, record in self._records(node, [data]) if keep(record))
+                if found >= lines:
+                    self._cursors[node] = _Cursor(parse_chunk_name(name)[0], name)
+                    break
 
     def records(self, *, final: bool = False) -> Iterator[tuple[str, dict]]:
         """Each line of the chunks not read yet, as its node and its record, merged in time order."""

@@ -2,8 +2,10 @@
 
 The server keeps nothing per reader: the cursor (where each node's log stands, as :class:`LogFollower` tracks it)
 goes to the page with each answer and comes back with the next question. Each answer holds at most ``limit`` lines,
-the newest: the follower streams the chunks one per node at a time, and only the last ``limit`` lines are kept, so
-a log of millions of lines costs the server the same memory as a short one; the answer says how many it skipped.
+the newest: a page that opens gets the newest lines without the older chunks being read at all; after a cursor,
+the follower streams the new chunks one per node at a time and only the last ``limit`` lines are kept. So a log of
+millions of lines costs the server the same memory as a short one; the answer says whether older lines were left
+out (``older``) and how many of those it read (``skipped``).
 """
 
 from __future__ import annotations
@@ -28,18 +30,23 @@ def read_log(info: RunInfo, *, after: str | None, rank: str | None, limit: int, 
     or ``[launcher]`` for the node program's own lines); ``final``: the run has ended, so every chunk is listed."""
     if not 1 <= limit <= MAX_LINES:
         raise BadInput(f"limit {limit}: ask for 1 to {MAX_LINES} lines")
+    def wanted(record: dict) -> bool:
+        return not rank or speaker(record) == rank
+
     follower = LogFollower(info, io.StringIO())
+    unread = False  # chunks before those read
     if after:
         follower.resume(parse_cursor(after, info))
+    else:  # a page that opens: the newest lines, without reading older chunks at all
+        follower.start_at_newest(limit, wanted)
+        unread = any(seq > 0 for seq, _ in follower.positions().values())
     kept: collections.deque[dict[str, Any]] = collections.deque(maxlen=limit)
     count = 0
     for node, record in follower.records(final=final):
-        who = speaker(record)
-        if rank and who != rank:
-            continue
-        count += 1
-        kept.append({"t": record.get("t"), "node": node, "who": who, "text": str(record.get("m", ""))})
-    return {"lines": list(kept), "skipped": count - len(kept),
+        if wanted(record):
+            count += 1
+            kept.append({"t": record.get("t"), "node": node, "who": speaker(record), "text": str(record.get("m", ""))})
+    return {"lines": list(kept), "skipped": count - len(kept), "older": unread or count > len(kept),
             "after": json.dumps({node: list(position) for node, position in follower.positions().items()})}
 
 

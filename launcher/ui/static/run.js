@@ -9,7 +9,7 @@ const logBox = document.getElementById("log");
 let ended = false;
 let after = null;        // the server's cursor: where each node's log stands for this page
 let generation = 0;      // a new rank filter starts the log again; answers to older questions are dropped
-let dropped = 0;
+let older = false;       // the log has older lines than those shown (the page dropped them, or was never sent them)
 let lastDone = false;    // the ended run's log was read to its end
 const ranks = new Set();
 
@@ -106,10 +106,10 @@ function addLines(lines) {
   logBox.append(fragment);
   while (logBox.childElementCount > MAX_LINES) {
     logBox.firstElementChild.remove();
-    dropped += 1;
+    older = true;
   }
   document.getElementById("log-count").textContent =
-    `${logBox.childElementCount} lines` + (dropped ? ` (${dropped} older ones dropped)` : "");
+    `${logBox.childElementCount} lines` + (older ? " (the newest; older ones are not shown)" : "");
   if (follow && lines.length) logBox.scrollTop = logBox.scrollHeight;
 }
 
@@ -133,7 +133,7 @@ async function pollLog() {
     const found = await getJson(API + "/log?" + query);
     if (asked === generation) {  // else the filter changed meanwhile: this answer is for the old one
       after = found.after;
-      dropped += found.skipped;
+      older = older || found.older;
       addLines(found.lines);
       if (wasEnded) lastDone = true;
     }
@@ -146,7 +146,7 @@ async function pollLog() {
 document.getElementById("rank").addEventListener("change", () => {
   generation += 1;
   after = null;
-  dropped = 0;
+  older = false;
   logBox.replaceChildren();
   if (lastDone) {
     lastDone = false;
