@@ -30,7 +30,7 @@ def first_byte(port: int, secret: str, path: str) -> float:
     """Seconds from sending the request to the answer's status line and headers."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     started = time.perf_counter()
-    connection.request("GET", path, headers={"Cookie": f"launcher_ui={secret}"})
+    connection.request("GET", path, headers={"Cookie": f"launcher_ui_{port}={secret}"})
     answer = connection.getresponse()
     took = time.perf_counter() - started
     assert answer.status == 200, answer.read()

@@ -48,7 +48,7 @@ def main() -> None:
         connection = http.client.HTTPConnection("127.0.0.1", int(port), timeout=600)
         started = time.perf_counter()
         connection.request("GET", "/api/runs/big/log?limit=5000&final=1",
-                           headers={"Cookie": f"launcher_ui={secret}"})
+                           headers={"Cookie": f"launcher_ui_{port}={secret}"})
         answer = connection.getresponse()
         body = answer.read()
         took = time.perf_counter() - started

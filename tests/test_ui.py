@@ -17,7 +17,7 @@ from urllib.parse import quote, urlencode
 import pytest
 
 from conftest import REPO
-from launcher.ui.access import COOKIE, HEADER, Access
+from launcher.ui.access import HEADER, Access
 from launcher.ui.server import Server
 from uirecords import NODES, ship, write_run, write_runs
 
@@ -28,13 +28,14 @@ class Client:
     def __init__(self, server: Server):
         self.port = server.access.port
         self.secret = server.access.secret
+        self.cookie = server.access.cookie
 
     def ask(self, method: str, path: str, *, cookie: bool = True, host: str | None = None,
             headers: dict | None = None) -> tuple[int, dict, bytes]:
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         sent = {"Host": f"127.0.0.1:{self.port}" if host is None else host, **(headers or {})}
         if cookie:
-            sent["Cookie"] = f"{COOKIE}={self.secret}"
+            sent["Cookie"] = f"{self.cookie}={self.secret}"
         connection.request(method, path, headers=sent, body=b"" if method == "POST" else None)
         answer = connection.getresponse()
         body = answer.read()
@@ -67,7 +68,7 @@ def test_every_request_needs_the_secret_and_the_url_trades_it_for_a_strict_cooki
     status, headers, _ = client.ask("GET", f"/?state=failed&token={client.secret}", cookie=False)
     assert status == 303 and headers["location"] == "/?state=failed"  # the secret leaves the address
     cookie = headers["set-cookie"]
-    assert cookie.startswith(f"{COOKIE}={client.secret};")
+    assert cookie.startswith(f"launcher_ui_{client.port}={client.secret};")  # each server's own, by its port
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
     status, headers, page = client.ask("GET", "/")
     assert status == 200 and f'content="{client.secret}"'.encode() in page

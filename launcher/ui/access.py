@@ -15,7 +15,8 @@ import ipaddress
 import secrets
 from dataclasses import dataclass, field
 
-COOKIE = "launcher_ui"
+COOKIE_PREFIX = "launcher_ui_"  # and the port: browsers send a host's cookies to all its ports, so each server
+# has its own name, and two servers do not overwrite each other's
 HEADER = "X-Launcher-Token"
 TOKEN_PARAMETER = "token"
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -32,6 +33,10 @@ class Access:
     host: str
     port: int = 0
     secret: str = field(default_factory=new_secret)
+
+    @property
+    def cookie(self) -> str:
+        return f"{COOKIE_PREFIX}{self.port}"
 
     def holds_secret(self, offered: str | None) -> bool:
         return offered is not None and hmac.compare_digest(offered.encode(), self.secret.encode())

@@ -17,7 +17,7 @@ from launcher.errors import BadInput, LauncherError
 from launcher.runs import timeline as tl
 from launcher.runs.health import HealthReader
 from launcher.runs.state import RunInfo, recorded_run
-from launcher.ui.access import COOKIE, HEADER, TOKEN_PARAMETER, Access
+from launcher.ui.access import HEADER, TOKEN_PARAMETER, Access
 from launcher.ui.catalog import Query, RunCatalog
 from launcher.ui.logpage import MAX_LINES, read_log
 from launcher.ui.runpage import run_page
@@ -53,9 +53,9 @@ def create_app(access: Access) -> Flask:
             others = urlencode([(key, value) for key, value in request.args.items(multi=True)
                                 if key != TOKEN_PARAMETER])
             answer = redirect(request.path + (f"?{others}" if others else ""), code=303)
-            answer.set_cookie(COOKIE, access.secret, httponly=True, samesite="Strict", path="/")
+            answer.set_cookie(access.cookie, access.secret, httponly=True, samesite="Strict", path="/")
             return answer
-        if not access.holds_secret(request.cookies.get(COOKIE)):
+        if not access.holds_secret(request.cookies.get(access.cookie)):
             return _refused(REFUSED)
         if request.method not in ("GET", "HEAD") and not access.holds_secret(request.headers.get(HEADER)):
             return _refused(f"forbidden: a change needs the {HEADER} header")
