@@ -1,6 +1,7 @@
 """``launcher ui`` in a real browser (issue 40): Debian's headless chromium, driven through chromium-driver by
 Selenium, shows the pages of real runs of the local backend (one finished, one failed, one still training) as a
-person sees them: the nodes, the failure's cause, the log lines as they arrive; and cancels a run after confirming.
+person sees them: the nodes, the failure's cause, the log lines as they arrive, the nodes' figures; and cancels a run
+after confirming.
 
 Set LAUNCHER_UI_SCREENSHOTS to a directory (docs/images) to keep the pages' pictures there."""
 
@@ -89,7 +90,7 @@ def browser(tmp_path_factory):
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,900",
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,1000",
                      f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
         options.add_argument(argument)
     driver = webdriver.Chrome(service=Service(driver_binary), options=options)
@@ -157,7 +158,7 @@ def test_a_finished_runs_page_shows_its_nodes_and_its_whole_log(runs, url, brows
             f"[{node} r{rank}] rank {rank} epoch {epoch} done" for epoch in (1, 2, 3)]
     assert len(said) == 6
     assert f"run {runs['finished']} succeeded" in _text(browser, "#summary")
-    assert browser.find_element("id", "timeline").is_displayed()
+    _wait(browser, lambda d: d.find_element("id", "timeline").is_displayed(), "the timeline picture")
     assert not browser.find_element("id", "cancel").is_displayed()
 
 
@@ -193,6 +194,13 @@ def test_a_training_runs_log_lines_arrive_and_cancel_after_confirming_ends_it(ru
                            "s.dispatchEvent(new Event('change'))")
     _wait(browser, lambda d: len(_log_lines(d)) > 3, "rank 1's lines")
     assert all(line.startswith("[t-worker-0 r1] rank 1 step") for line in _log_lines(browser))
+    def figures(driver) -> list[str] | bool:  # sampled every 5 s: the nodes' first, then their ranks' too
+        rows = [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#health tbody tr")]
+        return rows if len(rows) == 4 else False
+
+    rows = _wait(browser, figures, "each node's and each rank's figures")
+    assert [row.split()[0:2] for row in rows] == [["t-main", "running"], ["rank", "0"], ["t-worker-0", "running"],
+                                                   ["rank", "1"]], rows
     _screenshot(browser, "ui-training-run.png", tmp_path)
 
     browser.find_element(By.ID, "cancel").click()
