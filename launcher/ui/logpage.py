@@ -26,10 +26,12 @@ CHUNK_NAME = re.compile(r"(\d+)~\d+\.\d+\.jsonl")  # logship.chunk_name's form: 
 
 
 def read_log(info: RunInfo, *, after: str | None, rank: str | None, limit: int, final: bool) -> dict[str, Any]:
-    """The lines after the cursor ``after`` (from the start when None), of ``rank`` only when given (a global rank,
-    or ``[launcher]`` for the node program's own lines); ``final``: the run has ended, so every chunk is listed."""
+    """The newest ``limit`` lines after the cursor ``after`` (None: of the whole log), of ``rank`` only when given (a
+    global rank, or ``[launcher]`` for the node program's own lines), and the cursor after them; ``final``: the run
+    has ended, so every chunk is listed."""
     if not 1 <= limit <= MAX_LINES:
         raise BadInput(f"limit {limit}: ask for 1 to {MAX_LINES} lines")
+
     def wanted(record: dict) -> bool:
         return not rank or speaker(record) == rank
 
