@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 
 from conftest import run_cli
-from launcher.commands.top import REDRAW, top
+from launcher.commands.top import HEADER, REDRAW, rows, top
 from launcher.protocol.health import HealthRecord, health_key
 from launcher.protocol.status import StatusRecord
 from launcher.protocol.store import WorkDir
@@ -178,6 +178,9 @@ def test_ranks_of_ended_nodes_are_not_stragglers(tmp_path):
     found = run.read()
     assert (found.stragglers, found.slowest) == ([], None)
     assert found.ranks[3].state == "succeeded"
+    # an ended rank's rates were its node's last interval, not its pace: top leaves them out
+    [rank_row] = [row for row in rows(found) if row[0] == "  rank 3"]
+    assert rank_row[HEADER.index("STEPS/S")] == rank_row[HEADER.index("WORK/STEP")] == "-", rank_row
 
 
 def test_the_status_heartbeats_sample_counts_when_it_is_newer(tmp_path):
@@ -270,7 +273,8 @@ def test_top_imports_no_heavy_library(tmp_path, launcher_home):
 def test_top_says_when_there_are_no_figures_yet_and_when_a_run_ended_without(tmp_path, launcher_home):
     run = Run(tmp_path)
     done = top_once(run.recorded())
-    assert (done.returncode, done.stdout.splitlines()[1:]) == (0, ["no figures yet: nodes sample every 5 s"])
+    assert (done.returncode, done.stdout.splitlines()[1:]) == (
+        0, ["no figures yet: nodes sample every 5 s by default"])
     run.ended()
     done = run_cli("top", run.info.run_id)  # ended: one table and done
     assert (done.returncode, done.stdout.splitlines()[1:]) == (0, ["its nodes recorded no figures"])

@@ -169,13 +169,16 @@ def test_the_node_samples_only_the_gpus_it_was_given_at_the_interval_its_env_ask
     store = WorkDir(str(tmp_path / "wd"))
     status = StatusRecord(store, "node-a", "run-1")
     env = {"CUDA_VISIBLE_DEVICES": "GPU-1f", SAMPLE_VAR: "0.1"}  # a UUID's prefix: the machine's GPU 1
-    sampler = start_sampler(store, status, "node-a", 0, lambda: ("", {}), [Gpu("1", "GPU-1f00")], print, env)
+    said: list[str] = []
+    sampler = start_sampler(store, status, "node-a", 0, lambda: ("", {}), [Gpu("1", "GPU-1f00")], said.append, env)
     deadline = time.monotonic() + 30
     while not sampler.record.samples:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     sampler.stop()
-    assert sampler.interval == 0.1 and sampler.window == 60.0
+    assert sampler.interval == 1.0 and sampler.window == 60.0  # no faster than the ranks write their progress
+    assert said == ["LAUNCHER_HEALTH_SAMPLE='0.1' is below 1 s, how often training processes write their progress: "
+                    "using 1"]
     assert [gpu["index"] for gpu in read_series(store, "node-a")["samples"][0]["gpus"]] == [1]
     everything = start_sampler(store, status, "node-a", 0, lambda: ("", {}), [Gpu("1")], print, {})
     everything.stop()
@@ -318,12 +321,14 @@ def test_work_per_step_is_measured_over_the_window_and_report_counts_first():
 
 def test_env_overrides_and_what_a_bad_value_says():
     said = []
-    assert seconds_from_env({SAMPLE_VAR: "0.5"}, SAMPLE_VAR, 5.0, said.append) == 0.5
+    assert seconds_from_env({SAMPLE_VAR: "2.5"}, SAMPLE_VAR, 5.0, said.append, minimum=1.0) == 2.5
     assert seconds_from_env({}, WINDOW_VAR, 60.0, said.append) == 60.0
     assert said == []
+    assert seconds_from_env({SAMPLE_VAR: "0.01"}, SAMPLE_VAR, 5.0, said.append, minimum=1.0, why=" (why)") == 1.0
     assert seconds_from_env({WINDOW_VAR: "soon"}, WINDOW_VAR, 60.0, said.append) == 60.0
     assert seconds_from_env({SAMPLE_VAR: "-1"}, SAMPLE_VAR, 5.0, said.append) == 5.0
-    assert said == ["LAUNCHER_HEALTH_WINDOW='soon' is not a number of seconds above 0: using 60",
+    assert said == ["LAUNCHER_HEALTH_SAMPLE='0.01' is below 1 s (why): using 1",
+                    "LAUNCHER_HEALTH_WINDOW='soon' is not a number of seconds above 0: using 60",
                     "LAUNCHER_HEALTH_SAMPLE='-1' is not a number of seconds above 0: using 5"]
 
 
@@ -354,7 +359,8 @@ def test_report_never_raises_into_training_when_its_file_cannot_be_written(tmp_p
     assert done.returncode == 0 and done.stdout == "fine\n", done.stderr
 
 
-def test_elastic_loader_counts_batches_samples_and_waits():
+@pytest.mark.parametrize("elastic", [False, True])
+def test_every_dataloader_counts_batches_samples_and_waits(elastic):
     torch = pytest.importorskip("torch")
     from launcher.data import ElasticLoader, ElasticSampler
 
@@ -364,15 +370,28 @@ def test_elastic_loader_counts_batches_samples_and_waits():
 
         def __getitem__(self, index):
             time.sleep(0.005)  # the data it waits for
-            return index
+            return torch.tensor([float(index)])
 
+    assert rankprogress.hook_loaders() and rankprogress.hook_loaders()  # once, however often asked
     before = rankprogress.counters.snapshot()
-    loader = ElasticLoader(Slow(), batch_size=8, sampler=ElasticSampler(40, 8, records=False, rank=0, world_size=1))
+    loader = (ElasticLoader(Slow(), batch_size=8, sampler=ElasticSampler(40, 8, records=False, rank=0, world_size=1))
+              if elastic else torch.utils.data.DataLoader(Slow(), batch_size=8))
     assert sum(len(batch) for batch in loader) == 40
     after = rankprogress.counters.snapshot()
     assert after["steps"]["loader"] - before["steps"].get("loader", 0) == 5
     assert after["samples"] - before["samples"] == 40
-    assert after["data_wait_s"] - before["data_wait_s"] >= 40 * 0.005
+    waited = after["data_wait_s"] - before["data_wait_s"]
+    assert waited >= 40 * 0.005 > after["data_cpu_s"] - before["data_cpu_s"]  # it slept: waited, not computed
+
+
+def test_a_batchs_samples_are_its_first_tensors_first_dimension():
+    torch = pytest.importorskip("torch")
+    assert rankprogress.batch_samples(torch.zeros(6, 3)) == 6
+    assert rankprogress.batch_samples((torch.zeros(5, 2), torch.zeros(5))) == 5
+    assert rankprogress.batch_samples({"input_ids": torch.zeros(4, 128), "label": torch.zeros(4)}) == 4
+    assert rankprogress.batch_samples([["a", "b", "c"], torch.zeros(3)]) == 3
+    assert rankprogress.batch_samples(torch.tensor(1.0)) == 1
+    assert rankprogress.batch_samples(None) == 0 and rankprogress.batch_samples([]) == 0
 
 
 OPTIMIZER_ONLY = """

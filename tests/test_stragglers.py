@@ -1,6 +1,6 @@
-"""A straggler made for real (issue 39): one rank of a real 2-node local run burns CPU on every step beside three
-that do not; the nodes' own samplers measure it, and `run`, `status` and `top` name it, once, with what its figures
-suggest. Nothing here writes a health record by hand."""
+"""A straggler made for real (issue 39): one rank of a real 2-node local run burns CPU on every step, or waits for
+its data, beside three that do not; the nodes' own samplers measure it, and `run`, `status` and `top` name it,
+once, with what its figures suggest. Nothing here writes a health record by hand."""
 
 from __future__ import annotations
 
@@ -8,47 +8,68 @@ import json
 import os
 import re
 
+import pytest
+
 from clirun import LiveCli, run_id_from
 from cluster import write_spec
 from conftest import run_cli
 
-# Training with a real optimizer and no launcher code: the optimizer hook counts the steps. Every rank stops at
-# the same step once the test creates STOP (an all-reduce of the flag), so no rank is left waiting in a collective.
+# Training with a real optimizer and a plain DataLoader, and no launcher code: torch's optimizer hook counts the
+# steps, the DataLoader hook the samples and the waits for them. Rank 3 is slow for real, by SLOW: "cpu" burns CPU
+# on every step, "data" makes every sample of its dataset take 2 ms to come. Every rank stops at the same step once
+# the test creates STOP (an all-reduce of the flag), so no rank is left waiting in a collective.
 SCRIPT = """
 import os, time
 import torch
 import torch.distributed as dist
 
+SLOW = "{slow}"
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1024
+
+    def __getitem__(self, index):
+        if rank == 3 and SLOW == "data":
+            time.sleep(0.002)
+        return torch.randn(32)
+
+
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = torch.utils.data.DataLoader(Data(), batch_size=16)
 started = time.monotonic()
-print(f"rank {rank} trains", flush=True)
-step = 0
-while True:
-    if rank == 3:  # the straggler: its own work per step is far above the others'
-        spent = time.process_time()
-        while time.process_time() - spent < 0.05:
-            pass
-    loss = model(torch.randn(16, 32)).square().mean()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    step += 1
-    stop = torch.tensor([float(os.path.exists("STOP") or time.monotonic() - started > 300)])
-    dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-    if stop.item():
-        break
-print(f"rank {rank} stopped after {step} steps", flush=True)
+print(f"rank {{rank}} trains", flush=True)
+step, stop = 0, False
+while not stop:
+    for batch in loader:
+        if rank == 3 and SLOW == "cpu":
+            spent = time.process_time()
+            while time.process_time() - spent < 0.05:
+                pass
+        loss = model(batch).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        flag = torch.tensor([float(os.path.exists("STOP") or time.monotonic() - started > 300)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            stop = True
+            break
+print(f"rank {{rank}} stopped after {{step}} steps", flush=True)
 dist.destroy_process_group()
 """
 
 STRAGGLER = r"straggler: rank 3 on node (t-main|t-worker-0) does (\d+(?:\.\d+)?)x the median work per step"
 
 
-def test_a_cpu_bound_rank_is_named_a_straggler_once_by_run_status_and_top(tmp_path):
-    spec = write_spec(tmp_path, SCRIPT, nodes=2, extra_cluster={"processesPerNode": 2})
+@pytest.mark.parametrize("slow, suggests", [("cpu", "CPU-bound"), ("data", "waiting on data")])
+def test_a_slow_rank_is_named_a_straggler_once_by_run_status_and_top(tmp_path, slow, suggests):
+    spec = write_spec(tmp_path, SCRIPT.format(slow=slow), nodes=2, extra_cluster={"processesPerNode": 2})
     env = {**os.environ, "LAUNCHER_HOME": str(tmp_path / "home"), "LAUNCHER_HEALTH_SAMPLE": "1",
            "LAUNCHER_HEALTH_WINDOW": "8"}
     run = LiveCli(["run", "-f", str(spec)], env, cwd=tmp_path)
@@ -56,12 +77,12 @@ def test_a_cpu_bound_rank_is_named_a_straggler_once_by_run_status_and_top(tmp_pa
         line = run.wait_for(STRAGGLER, timeout=240)
         run_id = run_id_from("\n".join(run.lines))
         node, ratio = re.search(STRAGGLER, line).groups()
-        assert float(ratio) >= 1.3 and line.endswith(": CPU-bound"), line
+        assert float(ratio) >= 1.3 and line.endswith(f": {suggests}"), line
 
         status = run_cli("status", run_id, "--json", env=env)
         assert status.returncode == 0, status.stderr
         shown = json.loads(status.stdout)
-        assert [(s["rank"], s["node"], s["suggests"]) for s in shown["stragglers"]] == [(3, node, "CPU-bound")]
+        assert [(s["rank"], s["node"], s["suggests"]) for s in shown["stragglers"]] == [(3, node, suggests)]
         ranks = {entry["rank"]: entry for entry in shown["ranks"]}
         assert sorted(ranks) == [0, 1, 2, 3], ranks
         assert all(ranks[rank]["steps_per_s"] > 0 and ranks[rank]["last_line_at"] for rank in ranks), ranks

@@ -56,12 +56,14 @@ def _node_row(node: NodeHealth) -> list[str]:
 
 def _rank_row(rank: RankHealth, health: RunHealth) -> list[str]:
     work = rank.figure("work_per_step_s")
+    # an ended rank's rates are those of whatever interval its node sampled last: not shown as its pace
+    rate = rank.figure if rank.training else (lambda _name: None)
     said = next((f"straggler: {s.suggests}" for s in health.stragglers if s.rank == rank.rank), "")
     note = ", ".join(part for part in ("slowest" if rank.rank == health.slowest else "", said) if part)
     return [f"  rank {rank.rank}", rank.state, _number(rank.figure("cpu_percent"), ".0f", "%"),
             _size(rank.figure("rss_bytes")), _number(rank.gpu_util, ".0f", "%"),
-            "-" if rank.gpu is None else _gpu_memory(rank.gpu), _number(rank.figure("steps_per_s"), ".2f"),
-            _number(rank.figure("samples_per_s"), ".1f"), "-" if work is None else step_time(work),
+            "-" if rank.gpu is None else _gpu_memory(rank.gpu), _number(rate("steps_per_s"), ".2f"),
+            _number(rate("samples_per_s"), ".1f"), "-" if work is None or not rank.training else step_time(work),
             _number(rank.figure("data_wait_fraction"), ".0%"), _age(rank.figure("last_line_at")), note]
 
 
@@ -79,7 +81,7 @@ def render(view: RunView, health: RunHealth) -> str:
     said = f"run {view.info.run_id} ({view.info.backend}): {view.result}, {datetime.now():%H:%M:%S}"
     if not health.sampled:
         why = "its nodes recorded no figures" if view.ended else \
-            f"no figures yet: nodes sample every {SAMPLE_SECONDS:g} s"
+            f"no figures yet: nodes sample every {SAMPLE_SECONDS:g} s by default"
         return f"{said}\n{why}\n"
     return "\n".join([said, _table(rows(health)), *(s.line() for s in health.stragglers)]) + "\n"
 

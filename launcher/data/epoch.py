@@ -62,12 +62,10 @@ class EpochRun:
                                f"with the next epoch (or loop over sampler.epochs(...)) before iterating again")
         self.iterated = True
 
-    def note_batch(self) -> int:
-        """The loop received the next batch handed out: how many samples it holds."""
-        size = self.sizes[self.steps]
-        self.consumed += size
+    def note_batch(self) -> None:
+        """The loop received the next batch handed out."""
+        self.consumed += self.sizes[self.steps]
         self.steps += 1
-        return size
 
     def close(self) -> None:
         """The epoch is over for this rank (or abandoned): its progress record gets its last value, marked final

@@ -3,12 +3,10 @@ and tells the sampler which of them reached the training loop."""
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, Sampler
 
-from launcher.data import rankprogress
 from launcher.data.sampler import ElasticSampler
 
 
@@ -31,8 +29,7 @@ class ElasticLoader(DataLoader):
     Batches hold ``batch_size`` samples or, near an epoch's end, slightly fewer: each rank's samples are
     spread over the steps all ranks take. A DataLoader prefetches (``num_workers * prefetch_factor``
     batches), so what the sampler handed out is more than what was trained; the loader counts the batches
-    that reach the loop, and ``sampler.state_dict()`` records exactly those. It also counts them, their samples
-    and the time the loop waited for each, for the node's health sampler (launcher.data.rankprogress).
+    that reach the loop, and ``sampler.state_dict()`` records exactly those.
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool | None = None,
@@ -54,13 +51,6 @@ class ElasticLoader(DataLoader):
         sampler.counted = True
 
     def __iter__(self) -> Iterator[Any]:
-        batches = super().__iter__()
-        while True:
-            asked = time.perf_counter()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            waited = time.perf_counter() - asked
-            rankprogress.count("loader", self.elastic_sampler.note_batch(), waited)
+        for batch in super().__iter__():
+            self.elastic_sampler.note_batch()
             yield batch

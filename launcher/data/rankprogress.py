@@ -4,8 +4,9 @@ once a second, when they changed, to ``{LAUNCHER_STACKS_DIR}/{LOCAL_RANK}.progre
 atomically).
 
 Steps are counted by whoever can: :func:`report` (the script says), torch's optimizers (a global post-step hook,
-registered once the script has imported ``torch.optim``; this module never imports torch) or ElasticLoader (one
-step per batch). Readers take the first of those that counted anything, in that order.
+registered once the script has imported ``torch.optim``; this module never imports torch) or the DataLoaders (one
+step per batch, with its samples and the time the script waited for it, once it has imported
+``torch.utils.data``). Readers take the first of those that counted anything, in that order.
 
 Standard library only: the rank hooks (``sitecustomize``) load this file under its own module name before the
 script runs, without importing launcher's package. Outside launcher (no stacks dir or local rank in the
@@ -47,12 +48,14 @@ class Counters:
         self.steps: dict[str, int] = {}
         self.samples = 0
         self.data_wait_s = 0.0
+        self.data_cpu_s = 0.0
         self.metrics: dict[str, float] = {}
         self.version = 0
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {"steps": dict(self.steps), "samples": self.samples, "data_wait_s": round(self.data_wait_s, 6),
+                    "data_cpu_s": round(self.data_cpu_s, 6),
                     "metrics": dict(self.metrics)}
 
 
@@ -83,13 +86,14 @@ def report(step: int, **metrics: float) -> None:
         return
 
 
-def count(source: str, samples: int = 0, waited: float = 0.0) -> None:
-    """One step counted by ``source`` ("optimizer", "loader"), with the samples it took and the seconds it waited
-    for them."""
+def count(source: str, samples: int = 0, waited: float = 0.0, waited_cpu: float = 0.0) -> None:
+    """One step counted by ``source`` ("optimizer", "loader"), with the samples it took, the seconds it waited
+    for them, and the CPU seconds of those its own thread spent making them (a loader without workers)."""
     with counters.lock:
         counters.steps[source] = counters.steps.get(source, 0) + 1
         counters.samples += samples
         counters.data_wait_s += waited
+        counters.data_cpu_s += waited_cpu
         counters.version += 1
 
 
@@ -107,6 +111,46 @@ def _hook_optimizers() -> bool:
     return True
 
 
+def hook_loaders() -> bool:
+    """Count every batch any DataLoader hands the script, its samples and the wait for it, once the script has
+    imported torch.utils.data (True when hooked). torch has no public hook for this: the iterator class every
+    DataLoader (ElasticLoader too) returns is wrapped, and left alone where torch no longer has it."""
+    module = sys.modules.get("torch.utils.data.dataloader")
+    iterator = getattr(module, "_BaseDataLoaderIter", None)
+    if iterator is None:
+        return False
+    original = iterator.__next__
+    if getattr(original, "launcher_counts", False):
+        return True
+
+    def counted_next(self: Any) -> Any:
+        asked, cpu = time.perf_counter(), time.thread_time()
+        batch = original(self)
+        count("loader", batch_samples(batch), time.perf_counter() - asked, time.thread_time() - cpu)
+        return batch
+
+    counted_next.launcher_counts = True  # type: ignore[attr-defined]
+    iterator.__next__ = counted_next
+    return True
+
+
+def batch_samples(batch: Any) -> int:
+    """How many samples ``batch`` holds: the first dimension of its first tensor (in a tuple, list or dict)."""
+    for _ in range(8):  # nested no deeper than that in practice
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else 1
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()), None)
+        elif isinstance(batch, (list, tuple)) and batch:
+            if not hasattr(batch[0], "shape") and not isinstance(batch[0], (list, tuple, dict)):
+                return len(batch)  # a batch of plain values (collated ints and floats are tensors)
+            batch = batch[0]
+        else:
+            return 0
+    return 0
+
+
 def start() -> None:
     """Start the writer, once, where this is a training process of launcher's (else nothing)."""
     global _writer
@@ -122,11 +166,12 @@ def start() -> None:
 
 
 def _write_while_alive(path: str) -> None:
-    hooked = False
+    optimizers = loaders = False
     written = -1
     while True:
         try:
-            hooked = hooked or _hook_optimizers()
+            optimizers = optimizers or _hook_optimizers()
+            loaders = loaders or hook_loaders()
             written = _write(path, written)
         except Exception:  # noqa: BLE001 - a full disk, a removed directory: no progress, training goes on
             pass

@@ -158,10 +158,10 @@ class ElasticSampler(Sampler[int]):
     def steps(self, batch_size: int) -> int:
         return self._current().plan.steps(batch_size)
 
-    def note_batch(self) -> int:
-        """The loop received the next batch (called by ElasticLoader): how many samples it holds."""
+    def note_batch(self) -> None:
+        """The loop received the next batch (called by ElasticLoader)."""
         assert self._run is not None
-        return self._run.note_batch()
+        self._run.note_batch()
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -78,8 +78,12 @@ class RankHealth:
         """The rank's entry in ``status --json``'s ``ranks``."""
         names = ("cpu_percent", "rss_bytes", "steps", "samples", "steps_per_s", "samples_per_s", "work_per_step_s",
                  "data_wait_fraction", "window_s", "last_line_at")
+        source, metrics = self.figures.get("step_source"), self.figures.get("metrics")
         return {"rank": self.rank, "node": self.node, "state": self.state,
                 **{name: self.figure(name) for name in names},
+                "step_source": source if isinstance(source, str) else None,
+                "metrics": {name: value for name, value in metrics.items() if isinstance(value, (int, float))}
+                if isinstance(metrics, dict) else {},
                 "gpu": None if self.gpu is None else self.gpu.get("index"), "gpu_util_percent": self.gpu_util}
 
 

@@ -24,6 +24,7 @@ class Snapshot:
     samples: int
     cpu_s: float
     data_wait_s: float
+    data_cpu_s: float  # of cpu_s, spent making batches (a loader without workers): counted as the wait, not twice
 
 
 def read_progress(stacks_dir: str) -> dict[int, dict[str, Any]]:
@@ -65,7 +66,7 @@ class RankWindows:
         """The progress figures of one rank's ``record`` read at ``now``."""
         steps, source = counted_steps(record)
         snapshot = Snapshot(now, steps, _int(record.get("samples")), _float(record.get("cpu_s")),
-                            _float(record.get("data_wait_s")))
+                            _float(record.get("data_wait_s")), _float(record.get("data_cpu_s")))
         history = self._snapshots.setdefault(record["pid"], collections.deque())
         previous = history[-1] if history else None
         if previous is not None and previous.steps == 0:  # its first steps: what came before was its start, not work
@@ -78,7 +79,8 @@ class RankWindows:
         if previous is not None and now > previous.at:
             elapsed = now - previous.at
             figures["steps_per_s"] = round(max(0, steps - previous.steps) / elapsed, 3)
-            figures["samples_per_s"] = round(max(0, snapshot.samples - previous.samples) / elapsed, 3)
+            if snapshot.samples:  # something counts them (a DataLoader); else unknown, not 0
+                figures["samples_per_s"] = round(max(0, snapshot.samples - previous.samples) / elapsed, 3)
         start = history[0]
         window_s = now - start.at
         if window_s > 0:
@@ -86,7 +88,8 @@ class RankWindows:
             figures["window_s"] = round(window_s, 1)
             figures["data_wait_fraction"] = round(min(1.0, waited / window_s), 3)
             if steps > start.steps:
-                work = max(0.0, snapshot.cpu_s - start.cpu_s) + waited
+                computed = (snapshot.cpu_s - start.cpu_s) - (snapshot.data_cpu_s - start.data_cpu_s)
+                work = max(0.0, computed) + waited
                 figures["work_per_step_s"] = round(work / (steps - start.steps), 6)
         return figures
 

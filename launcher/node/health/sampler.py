@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from launcher.data import rankprogress
 from launcher.gpus import Gpu
 from launcher.node.health.gpus import GpuReader
 from launcher.node.health.procfs import CpuMeter, ProcessStat, TreeReader, machine_memory, tree
@@ -26,8 +27,10 @@ WINDOW_VAR = "LAUNCHER_HEALTH_WINDOW"  # seconds a rank's work per step is measu
 TrainingNow = Callable[[], tuple[str, Mapping[int, float]]]
 
 
-def seconds_from_env(env: Mapping[str, str], name: str, default: float, say: Callable[[str], None]) -> float:
-    """A positive number of seconds from ``env[name]``; ``default`` when unset, or (said) when it is no such number."""
+def seconds_from_env(env: Mapping[str, str], name: str, default: float, say: Callable[[str], None], *,
+                     minimum: float = 0.0, why: str = "") -> float:
+    """A positive number of seconds from ``env[name]``; ``default`` when unset, or (said) when it is no such number;
+    ``minimum`` (said, with ``why``) when it is less."""
     text = env.get(name, "").strip()
     if not text:
         return default
@@ -38,6 +41,9 @@ def seconds_from_env(env: Mapping[str, str], name: str, default: float, say: Cal
     if not 0 < value < float("inf"):
         say(f"{name}={text!r} is not a number of seconds above 0: using {default:g}")
         return default
+    if value < minimum:
+        say(f"{name}={text!r} is below {minimum:g} s{why}: using {minimum:g}")
+        return minimum
     return value
 
 
@@ -123,7 +129,8 @@ def start_sampler(store: WorkDir, status: StatusRecord, node: str, incarnation: 
                   env: Mapping[str, str] = os.environ) -> HealthSampler:
     """The node's sampler, started, with the interval and window its environment asks for; ``gpus``: those the
     node was given (launcher.gpus.visible_gpus), all of the machine's where CUDA_VISIBLE_DEVICES leaves them."""
-    interval = seconds_from_env(env, SAMPLE_VAR, SAMPLE_SECONDS, say)
+    interval = seconds_from_env(env, SAMPLE_VAR, SAMPLE_SECONDS, say, minimum=rankprogress.WRITE_SECONDS,
+                                why=", how often training processes write their progress")
     window = seconds_from_env(env, WINDOW_VAR, WINDOW_SECONDS, say)
     given = None if "CUDA_VISIBLE_DEVICES" not in env else [gpu.index for gpu in gpus]
     record = HealthRecord(store, node, incarnation, interval)
