@@ -113,7 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=_status)
 
     p = verbs.add_parser("top", help="live CPU, memory, GPU use and steps/s of every node and rank, refreshed every "
-                         "2 s until the run ends; the slowest rank and stragglers marked")
+                         "2 s until the run ends; the slowest rank and stragglers marked",
+                         epilog="CPU is in percent of one core; WORK/STEP is a rank's own work per step (its CPU "
+                         "time and waits for data, not its waits for the other ranks) over the last minute; a "
+                         "straggler works at least 1.3x the median. Nodes sample every 5 s "
+                         "(LAUNCHER_HEALTH_SAMPLE). More: docs/health.md.")
     _run_arg(p)
     p.add_argument("--once", action="store_true", help="print one table and exit 0 (for scripts); otherwise the "
                    "exit status is the run's, as watch's")
@@ -171,7 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=0, help="port to listen on (default 0: any free port, printed)")
     p.add_argument("--no-browser", action="store_true", help="print the address only; do not open a browser")
     p.set_defaults(handler=_ui)
-    for verb in verbs.choices.values():  # -v works after the verb too (default: the global flag's value)
+    helps = {action.dest: action.help for action in verbs._choices_actions}  # argparse lists them nowhere public
+    for name, verb in verbs.choices.items():
+        verb.description = verb.description or helps.get(name)  # `launcher VERB --help` says what VERB does
+        # -v works after the verb too (default: the global flag's value)
         verb.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                           help="debug output and tracebacks")
     return parser

@@ -110,3 +110,12 @@ def test_package_description_and_readme_name_the_same_backends():
     parser_description = build_parser().description
     for text in (description, " ".join(readme_opening.split()), parser_description):
         assert [backend for backend in BACKENDS if backend not in text] == [], text
+
+
+def test_each_verbs_own_help_says_what_it_does():
+    [verbs] = [action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    helps = {action.dest: action.help for action in verbs._choices_actions}
+    for name, parser in verbs.choices.items():
+        assert parser.description == helps[name] and len(helps[name]) > 10, name
+    shown = run_cli("top", "--help")
+    assert "live CPU, memory, GPU use" in shown.stdout and "docs/health.md" in shown.stdout, shown.stdout
