@@ -306,7 +306,7 @@ class Terminal(io.StringIO):
         return True
 
 
-def test_top_redraws_in_place_on_a_terminal_and_once_does_not(tmp_path, launcher_home):
+def test_top_redraws_in_place_on_a_terminal_and_once_does_not(tmp_path, launcher_home, monkeypatch):
     run = four_ranks(tmp_path, (0.2, 0.2, 0.2, 0.5))
     run.recorded()
     once = Terminal()
@@ -317,6 +317,11 @@ def test_top_redraws_in_place_on_a_terminal_and_once_does_not(tmp_path, launcher
     assert top(run.info.run_id, once=False, out=live) == 0
     assert live.getvalue().startswith(REDRAW + "run health-run (local): succeeded")
     assert live.getvalue().count(REDRAW) == 1
+    assert max(map(len, once.getvalue().splitlines())) > 60  # as it is, once
+    monkeypatch.setenv("COLUMNS", "60")
+    narrow = Terminal()
+    assert top(run.info.run_id, once=False, out=narrow) == 0
+    assert max(map(len, narrow.getvalue().removeprefix(REDRAW).splitlines())) == 60  # redrawn: cut, not wrapped
 
 
 def test_status_json_carries_each_ranks_and_nodes_figures_and_the_stragglers(tmp_path, launcher_home):

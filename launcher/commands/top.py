@@ -3,6 +3,7 @@ until the run ends; the slowest rank and the stragglers marked."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from datetime import datetime
@@ -99,7 +100,11 @@ def top(ref: str | None, *, once: bool, out: TextIO = sys.stdout) -> int:
         if run.url != current_url(info):
             run = open_run(info)
         view = read_view(info, run, backend)
-        out.write((REDRAW if in_place else "") + render(view, reader.read(view, run)))
+        shown = render(view, reader.read(view, run))
+        if in_place:  # a redrawn screen must not wrap: each line is cut at the terminal's width
+            width = shutil.get_terminal_size().columns
+            shown = REDRAW + "".join(line[:width] + "\n" for line in shown.splitlines())
+        out.write(shown)
         out.flush()
         if once:
             return EXIT_OK
