@@ -317,7 +317,12 @@ def test_a_page_that_opens_gets_the_newest_lines_without_the_older_chunks_being_
     assert newest["older"] and newest["skipped"] == 2000 + 4 - 1500  # read: 2 of main's chunks, the worker's 4
     main_chunks = [int(key.split("/")[2][:6]) for key in read if key.startswith("logs/t-main/")]
     assert sorted(main_chunks) == [18, 18, 19, 19, 20]  # the last two counted back, then read; the next looked for
+    read.clear()
     ranked = client.json("/api/runs/r1/log?limit=2&rank=1")
     assert [line["text"] for line in ranked["lines"]] == ["rank 1 after 14", "rank 1 after 19"] and ranked["older"]
+    # t-main has none of rank 1's lines: it is looked back through no further than 20 x 2 lines' worth (its last
+    # chunk), not all 20 of its chunks
+    main_chunks = [int(key.split("/")[2][:6]) for key in read if key.startswith("logs/t-main/")]
+    assert sorted(main_chunks) == [19, 19, 20], main_chunks
     short = client.json("/api/runs/r1/log?limit=5000&rank=1")
     assert len(short["lines"]) == 4 and not short["older"]

@@ -31,6 +31,7 @@ LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per n
 STORE_POLL_SECONDS = 0.25  # object stores: one LIST per poll
 VIEW_SECONDS = 0.25  # the run's state: statuses, markers, the backend's processes
 VIEW_PREFIXES = (STATUS_PREFIX, CONTROL_PREFIX)  # a local work dir's records that change the view when written
+LOOK_BACK_FACTOR = 20  # a filtered start (start_at_newest) reads at most this many times the lines it wants
 COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92)
 TAGS = {"node": "[launcher]", "torchrun": "[torchrun]"}
 
@@ -205,18 +206,21 @@ class LogFollower:
             if node in self._cursors:
                 self._cursors[node] = _Cursor(seq, name)
 
-    def start_at_newest(self, lines: int, keep: Callable[[dict], bool]) -> None:
+    def start_at_newest(self, lines: int, keep: Callable[[dict], bool], look_back: int = LOOK_BACK_FACTOR) -> None:
         """Start each node's log at the chunk from which its newest ``lines`` lines that ``keep`` wants are read,
-        reading its chunks from the last back (or from its first): the newest lines of a log of millions cost a
-        few chunks, not the whole log."""
+        reading its chunks from the last back (or from its first), and no further back than ``look_back`` times
+        ``lines`` lines of any kind: the newest lines of a log of millions cost a few chunks, not the whole log,
+        also where ``keep`` wants few of them (a rank filter on a node that has none of that rank's lines)."""
         for node in self.nodes:
             names = sorted((name for name in self.run.list(f"{LOGS_PREFIX}/{node}") if name.endswith(".jsonl")),
                            key=lambda name: parse_chunk_name(name)[0])
-            found = 0
+            found = read = 0
             for name in reversed(names):
                 data = self.run.get(f"{LOGS_PREFIX}/{node}/{name}") or b""
-                found += sum(1 for *_, record in self._records(node, [data]) if keep(record))
-                if found >= lines:
+                records = [record for *_, record in self._records(node, [data])]
+                found += sum(1 for record in records if keep(record))
+                read += len(records)
+                if found >= lines or read >= look_back * lines:
                     self._cursors[node] = _Cursor(parse_chunk_name(name)[0], name)
                     break
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import sys
+import threading
 import webbrowser
 from typing import TextIO
 
@@ -18,6 +20,8 @@ class Server:
 
     def __init__(self, host: str, port: int):
         from werkzeug.serving import make_server
+
+        import launcher.protocol.store  # noqa: F401 - imported now, not by a request that Ctrl-C's exit may cut short
 
         self.access = Access(host)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request: the page polls
@@ -50,10 +54,17 @@ def serve(host: str, port: int, *, open_browser: bool, out: TextIO = sys.stdout)
     out.flush()
     if open_browser:
         webbrowser.open(url)
+    # Ctrl-C is how it ends: the first one asks the loop to stop (from a thread: shutdown waits for the loop), any
+    # later one is ignored, so it always ends the same way, whichever instruction the signal interrupted
+    def stop(_signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        threading.Thread(target=server.stop, daemon=True).start()
+
+    previous = signal.signal(signal.SIGINT, stop)
     try:
-        server.serve()  # Werkzeug's loop ends on Ctrl-C itself; one between its turns ends up here
-    except KeyboardInterrupt:
-        pass
+        server.serve()
     finally:
         server.close()
+        if signal.getsignal(signal.SIGINT) is stop:  # it ended otherwise: Ctrl-C is the caller's again
+            signal.signal(signal.SIGINT, previous)
     out.write("launcher ui: stopped\n")

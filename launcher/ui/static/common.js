@@ -2,8 +2,8 @@
 // What both pages share: the secret for changes, JSON fetches, times and durations in words.
 const TOKEN = document.querySelector('meta[name="launcher-token"]').content;
 
-async function getJson(url) {
-  const answer = await fetch(url, {credentials: "same-origin"});
+async function getJson(url, signal) {
+  const answer = await fetch(url, {credentials: "same-origin", signal});
   const body = await answer.json().catch(() => ({error: answer.statusText}));
   if (!answer.ok) throw new Error(body.error || answer.statusText);
   return body;

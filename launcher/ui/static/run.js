@@ -11,6 +11,7 @@ let after = null;        // the server's cursor: where each node's log stands fo
 let generation = 0;      // a new rank filter starts the log again; answers to older questions are dropped
 let older = false;       // the log has older lines than those shown (the page dropped them, or was never sent them)
 let lastDone = false;    // the ended run's log was read to its end
+let asking = null;       // the log question in flight: a new rank filter aborts it rather than wait for its answer
 const ranks = new Set();
 
 async function showRun() {
@@ -129,8 +130,9 @@ async function pollLog() {
   const rank = document.getElementById("rank").value;
   if (rank) query.set("rank", rank);
   if (after) query.set("after", after);
+  asking = new AbortController();
   try {
-    const found = await getJson(API + "/log?" + query);
+    const found = await getJson(API + "/log?" + query, asking.signal);
     if (asked === generation) {  // else the filter changed meanwhile: this answer is for the old one
       after = found.after;
       older = older || found.older;
@@ -138,9 +140,9 @@ async function pollLog() {
       if (wasEnded) lastDone = true;
     }
   } catch (error) {
-    showProblem(error);
+    if (error.name !== "AbortError") showProblem(error);
   }
-  if (!lastDone) setTimeout(pollLog, LOG_MS);
+  if (!lastDone) setTimeout(pollLog, asked === generation ? LOG_MS : 0);
 }
 
 document.getElementById("rank").addEventListener("change", () => {
@@ -148,6 +150,8 @@ document.getElementById("rank").addEventListener("change", () => {
   after = null;
   older = false;
   logBox.replaceChildren();
+  document.getElementById("log-count").textContent = "reading the log…";
+  if (asking) asking.abort();
   if (lastDone) {
     lastDone = false;
     pollLog();
