@@ -380,14 +380,21 @@ def segments(timeline: Timeline) -> list[Segment]:
     death or final status, else at its next incarnation's start, else at the next attempt's start, else (still
     running) when the records were read."""
     found = []
+    # Grouped once: a scan of every event per node cost 1,024 nodes' timeline 40 s (benchmarks/scale_client.py)
+    by_node: dict[str, list[Event]] = {node: [] for node in timeline.nodes}
+    for event in timeline.events:
+        by_node.get(event.node, []).append(event)
+    attempt_starts: dict[int, float | None] = {}  # each looked up once, for the same reason
     for node in timeline.nodes:
-        mine = timeline.node_events(node)
+        mine = by_node[node]
         for attempt, incarnation in sorted({(event.attempt, event.incarnation) for event in mine}):
             chain = _transitions([event for event in mine
                                   if (event.attempt, event.incarnation) == (attempt, incarnation)])
             later = [event.at for event in mine if event.phase == node_events.STARTED
                      and event.attempt == attempt and event.incarnation > incarnation]
-            next_attempt = timeline.attempt_started(attempt + 1)
+            if attempt + 1 not in attempt_starts:
+                attempt_starts[attempt + 1] = timeline.attempt_started(attempt + 1)
+            next_attempt = attempt_starts[attempt + 1]
             open_end = min(later) if later else next_attempt if next_attempt is not None else timeline.read_at
             for (start, state), (end, _) in zip(chain, chain[1:] + [(open_end, None)]):
                 if state is not None and end > start:

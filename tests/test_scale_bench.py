@@ -1,0 +1,36 @@
+"""benchmarks/scale.py at a tiny size (8 nodes on a local work dir), so that the benchmark cannot rot: every node
+registers, holds the decision, trains and ends, and the figures it prints add up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_scale_benchmark_runs_8_nodes_and_prints_sane_figures(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "scale.py"), "--nodes", "8", "--processes", "2",
+                           "--train-seconds", "2", "--keep", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=50)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (figures["store"], figures["nodes"], figures["processes"]) == ("local", 8, 2)
+    lag = figures["decided_after_last_registration_s"]
+    assert 0 <= lag["median"] <= lag["max"] < 10
+    rates = figures["requests_per_node_per_s"]
+    assert rates["rendezvous"]["create"] > 0 and rates["training"]["put"] > 0 and rates["ending"]["put"] > 0
+    assert 0 < rates["all"] < max(rates[phase]["all"] for phase in ("rendezvous", "training", "ending"))
+    assert figures["requests_per_node"] >= 8  # at least: 2 status writes, registration, decision, events, logs
+    assert figures["process_peak_rss_mib"]["nodes_per_process"] == 4
+    # the kept work dir holds every node's records, written by the protocol's writers
+    run = tmp_path / "scale"
+    assert len(list((run / "nodes").iterdir())) == 8
+    statuses = [json.loads(path.read_text()) for path in (run / "status").iterdir()]
+    assert sorted(s["node"] for s in statuses) == [f"node-{i}" for i in range(8)]
+    assert {s["state"] for s in statuses} == {"succeeded"}
+    assert sorted(s["rank"] for s in statuses) == list(range(8))
