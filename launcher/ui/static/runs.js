@@ -4,13 +4,16 @@ const REFRESH_MS = 5000;
 const PER_PAGE = 50;
 let page = 1;
 let refreshing = null;
+let asked = 0;  // the latest question: an answer to an older one (a search typed further since) is dropped
 
 async function showRuns() {
+  const mine = ++asked;
   const query = new URLSearchParams({
     q: document.getElementById("q").value, state: document.getElementById("state").value,
     backend: document.getElementById("backend").value, page: String(page), per_page: String(PER_PAGE)});
   try {
     const found = await getJson("/api/runs?" + query);
+    if (mine !== asked) return;
     const body = document.querySelector("#runs tbody");
     body.replaceChildren();
     for (const run of found.runs) {
