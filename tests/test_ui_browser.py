@@ -104,17 +104,23 @@ def _wait(browser, condition, what: str):
     return WebDriverWait(browser, WAIT_SECONDS, poll_frequency=0.2).until(condition, message=what)
 
 
-def _text(browser, selector: str) -> str:
-    from selenium.webdriver.common.by import By
+# The pages redraw their tables every few seconds: what a test reads of them is read in one script, so that no
+# element it found is replaced before it reads it (Selenium's stale element reference).
 
-    return browser.find_element(By.CSS_SELECTOR, selector).text
+def _text(browser, selector: str) -> str:
+    return browser.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : ''",
+                                  selector)
+
+
+def _rows(browser, selector: str, key: str) -> list[tuple[str | None, list[str]]]:
+    """Each row of the table body ``selector``: its ``data-KEY`` and its cells' texts."""
+    return [(row[0], row[1]) for row in browser.execute_script(
+        "return [...document.querySelectorAll(arguments[0] + ' tbody tr')]"
+        ".map(r => [r.dataset[arguments[1]] || null, [...r.cells].map(c => c.innerText)])", selector, key)]
 
 
 def _node_states(browser) -> dict[str, str]:
-    from selenium.webdriver.common.by import By
-
-    return {row.get_attribute("data-node"): row.find_elements(By.TAG_NAME, "td")[2].text
-            for row in browser.find_elements(By.CSS_SELECTOR, "#nodes tbody tr")}
+    return {node: cells[2] for node, cells in _rows(browser, "#nodes", "node")}
 
 
 def _log_lines(browser) -> list[str]:
@@ -134,18 +140,16 @@ def test_the_list_shows_every_run_with_its_state_and_the_cause_of_a_failure(runs
     assert "token=" not in browser.current_url  # traded for the cookie at once
 
     def states(driver) -> dict[str, str] | bool:
-        rows = driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
-        shown = {row.get_attribute("data-run"): row.find_elements(By.TAG_NAME, "td")[6].text for row in rows}
+        shown = {run: cells[6] for run, cells in _rows(driver, "#runs", "run")}
         return shown if len(shown) == 3 else False
 
     shown = _wait(browser, states, "the three runs listed")
     assert shown == {runs["finished"]: "succeeded", runs["failed"]: "failed", runs["training"]: "running"}
-    failed_row = browser.find_element(By.CSS_SELECTOR, f'#runs tr[data-run="{runs["failed"]}"]')
-    assert "cause: rank 1: ValueError: bad batch" in failed_row.text
+    [failed_row] = [cells for run, cells in _rows(browser, "#runs", "run") if run == runs["failed"]]
+    assert "cause: rank 1: ValueError: bad batch" in " ".join(failed_row)
     _screenshot(browser, "ui-runs.png", tmp_path)
     browser.find_element(By.ID, "state").send_keys("failed")  # the server filters
-    _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#runs tbody tr")) == 1, "only the failed run")
-    assert browser.find_element(By.CSS_SELECTOR, "#runs tbody tr").get_attribute("data-run") == runs["failed"]
+    _wait(browser, lambda d: [run for run, _ in _rows(d, "#runs", "run")] == [runs["failed"]], "only the failed run")
 
 
 def test_a_finished_runs_page_shows_its_nodes_and_its_whole_log(runs, url, browser):
@@ -195,7 +199,7 @@ def test_a_training_runs_log_lines_arrive_and_cancel_after_confirming_ends_it(ru
     _wait(browser, lambda d: len(_log_lines(d)) > 3, "rank 1's lines")
     assert all(line.startswith("[t-worker-0 r1] rank 1 step") for line in _log_lines(browser))
     def figures(driver) -> list[str] | bool:  # sampled every 5 s: the nodes' first, then their ranks' too
-        rows = [row.text for row in driver.find_elements(By.CSS_SELECTOR, "#health tbody tr")]
+        rows = [" ".join(cells) for _, cells in _rows(driver, "#health", "none")]
         return rows if len(rows) == 4 else False
 
     rows = _wait(browser, figures, "each node's and each rank's figures")
