@@ -75,13 +75,14 @@ def _record(view: RunView, node: str, health: RunHealth) -> dict | None:
 def status(ref: str | None, *, as_json: bool) -> int:
     info = resolve_run(ref)
     view = read_view(info)
+    run = open_run(info)
     if view.lost:
-        refused = record_lost(view, open_run(info))
+        refused = record_lost(view, run)
         if refused:
             print(not_recorded_note(refused), file=sys.stderr)
     rounds = _rounds(info)
     data = _data(info)
-    health = HealthReader().read(view, open_run(info))
+    health = HealthReader().read(view, run)
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
                    "result": view.result, "submission_error": info.submission_error or None,
