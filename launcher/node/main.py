@@ -36,7 +36,8 @@ from launcher.node.torchrun.ranklogs import RankLogs
 from launcher.node.torchrun.spare import Spare
 from launcher.node.torchrun.training_dirs import make_training_dir
 from launcher.protocol import outputs as outputs_mod
-from launcher.protocol.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
+from launcher.protocol.control import (LEFT, ControlWatch, StopRequest, cancel_requested, record_failure,
+                                      record_limit)
 from launcher.protocol.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
 from launcher.protocol.exits import EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, signal_name
 from launcher.protocol.logship import LogShipper
@@ -44,7 +45,7 @@ from launcher.protocol.recovery import LEAVE, RoundEnd
 from launcher.protocol.rendezvous import (Decision, RendezvousError, RendezvousStopped,
                                           RendezvousTimeout, Registration, await_decision)
 from launcher.protocol.rounds import Rounds
-from launcher.protocol.status import StatusRecord, status_key
+from launcher.protocol.status import StatusRecord, status_key, succeeded_since
 from launcher.protocol.store import StoreError, WorkDir
 from launcher.wording import plural
 
@@ -334,6 +335,8 @@ class Node:
                     self.say(f"stopping training: {hang.failure}")
                     return Ended(self._terminate(), own_failure=hang.failure)
                 self.stop_request = self.stop_request or self._control_check()
+                if self.stop_request and self._ending_after_a_peer_succeeded(members):
+                    return self._await_training_exit()
                 if self.stop_request:
                     self.say(f"stopping training: {self.stop_request.reason}")
                     if self.stop_request.state == LEFT and rounds is not None:  # the others re-form without it
@@ -365,6 +368,33 @@ class Node:
             return Ended(self.proc.wait())
         finally:
             exited.close()
+
+    def _ending_after_a_peer_succeeded(self, members: list[str]) -> bool:
+        """A SIGTERM that no cancel asked for, after a peer's training succeeded: docker-compose's
+        --abort-on-container-exit stops the other nodes once the main exits. torchrun ends with success only after
+        its exit barrier, which every node's torchrun reaches only once its own ranks succeeded: training here is
+        over and torchrun is only exiting, so it is left to exit rather than stopped (its success stands)."""
+        if self.signalled != signal.SIGTERM or self.stop_request is None or self.stop_request.state != "cancelled":
+            return False
+        try:
+            if cancel_requested(self.run):
+                return False
+            peer = succeeded_since(self.run, [node for node in members if node != self.settings.node],
+                                   self.status.record["started_at"])
+        except StoreError:
+            return False
+        if peer:
+            self.say(f"received SIGTERM after {peer} succeeded: training here has ended too and is let exit")
+        return peer is not None
+
+    def _await_training_exit(self) -> Ended:
+        """torchrun's own exit, waited for up to the stop grace; then it is stopped as any other."""
+        assert self.proc is not None
+        try:
+            return Ended(self.proc.wait(timeout=STOP_GRACE_SECONDS))
+        except subprocess.TimeoutExpired:
+            self.say(f"training did not exit within {STOP_GRACE_SECONDS:g}s: stopping it")
+            return Ended(self._terminate(), stopped=True)
 
     def _runtime_exceeded(self) -> bool:
         max_runtime = self.settings.max_runtime

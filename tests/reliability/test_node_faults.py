@@ -3,7 +3,7 @@ node, and what the node printed before the kill is kept in the work dir (issue 7
 
 Training is covered in test_local_backend.py and the supervisor in test_run_lifecycle.py; here:
 a node killed while it waits for its peers, one killed while it syncs its outputs, and one sent
-SIGTERM while it syncs after training succeeded.
+SIGTERM while it syncs after training succeeded, or while its torchrun exits after the main's succeeded.
 """
 
 from __future__ import annotations
@@ -41,6 +41,35 @@ if os.environ["LAUNCHER_NODE_NAME"] == "t-worker-0":
         os.kill(node, signal.SIGNAL)  # the node is now syncing 3000 files
         os._exit(0)
 print("wrote outputs", flush=True)
+"""
+
+# The worker's torchrun, as it exits after its exit barrier (every node's ranks succeeded; launcher's torchrun ends
+# with os._exit): it waits for the main's success in the work dir, then does what `docker-compose up
+# --abort-on-container-exit` does once the main's container exits (SIGTERM to the worker's node), and takes 2 s more
+# to exit (a slow teardown under load).
+SLOW_TORCHRUN_EXIT = """
+import json, os, signal, sys, time
+
+exit_now = os._exit
+
+
+def exit_slowly_after_the_main_succeeded(code):
+    if "--nnodes" in sys.argv and "LOCAL_RANK" not in os.environ:  # torchrun only, not the node or a rank
+        main = os.path.join(os.environ["LAUNCHER_WORK_DIR"], os.environ["LAUNCHER_RUN_ID"], "status", "t-main.json")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the work dir offers no notification: poll it
+            try:
+                if json.load(open(main))["state"] == "succeeded":
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(2)
+    exit_now(code)
+
+
+os._exit = exit_slowly_after_the_main_succeeded
 """
 
 
@@ -103,3 +132,20 @@ def test_sigterm_after_training_succeeded_finishes_the_sync_and_reports_success(
     assert worker["state"] == "succeeded" and worker["exit_code"] == 0
     synced = list((tmp_path / "wd" / run_id / "outputs" / "t-worker-0").glob("part-*.txt"))
     assert len(synced) == 3000
+
+
+def test_sigterm_while_torchrun_exits_after_the_main_succeeded_keeps_the_success(tmp_path, launcher_home):
+    """docker-compose stops the worker once the main's container exits; torchrun on the worker has passed its exit
+    barrier (its ranks succeeded) and is only exiting: the node lets it, and the run succeeds (CI saw "cancelled")."""
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "sitecustomize.py").write_text(SLOW_TORCHRUN_EXIT)
+    spec = write_spec(tmp_path, "print('trained', flush=True)", nodes=2, extra_cluster={
+        "worker": {"replicas": 1, "config": {"env": [{"name": "PYTHONPATH", "value": str(tmp_path / "hooks")}]}}})
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = run_id_from(done.stdout)
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "succeeded", status
+    assert status["nodes"]["t-worker-0"]["state"] == "succeeded" and status["nodes"]["t-worker-0"]["exit_code"] == 0
+    watched = run_cli("watch", run_id, "--no-follow").stdout
+    assert "received SIGTERM after t-main succeeded" in watched, watched[-3000:]
