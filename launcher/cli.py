@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from launcher import __version__
 from launcher.errors import EXIT_BACKEND, LauncherError, SpecError
 
+CANCEL_GRACE_SECONDS = 15.0  # how long nodes have to stop on their own before they are forced (cancel, the ui's)
+
 if TYPE_CHECKING:
     from launcher.spec import Overrides
 
@@ -129,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = verbs.add_parser("cancel", help="stop every node: graceful first, then forced")
     _run_arg(p)
-    p.add_argument("--grace", type=_non_negative_seconds, default=15.0,
-                   help="seconds to wait before forcing (default 15)")
+    p.add_argument("--grace", type=_non_negative_seconds, default=CANCEL_GRACE_SECONDS,
+                   help=f"seconds to wait before forcing (default {CANCEL_GRACE_SECONDS:g})")
     p.set_defaults(handler=_cancel)
 
     p = verbs.add_parser("clean", help="remove old (or the named) runs' records, local temporary outputs and "

@@ -298,6 +298,8 @@ def test_top_refreshes_until_the_run_ends_then_shows_the_last_table_and_exits_wi
     states = [line.split()[2 if line.startswith("  rank") else 1] for line in final[2:]]
     assert states == ["failed"] * 6  # both nodes, each with its two ranks
     assert not any("straggler" in line for line in final)
+    node_rows = [line for line in final[2:] if not line.startswith("  rank")]
+    assert all("last sample" in line and "sampled" not in line for line in node_rows), final  # not an age that grows
     assert top_once(run.info.run_id).returncode == 0  # --once is for scripts: 0 whatever the run's result
 
 

@@ -13,6 +13,7 @@ from launcher.backends import backend_for
 from launcher.commands.inspect import _age, _table
 from launcher.errors import EXIT_OK
 from launcher.protocol.health import SAMPLE_SECONDS
+from launcher.protocol.status import FINAL_STATES
 from launcher.runs.health import HealthReader, NodeHealth, RankHealth, RunHealth, step_time
 from launcher.runs.attempts import current_url
 from launcher.runs.state import reread, resolve_run
@@ -52,7 +53,14 @@ def _node_row(node: NodeHealth) -> list[str]:
             _size(node.figure("rss_bytes")) + machine if node.sample else "-",
             " ".join(_number(gpu.get("util_percent"), ".0f", "%") for gpu in gpus) or "-",
             " ".join(_gpu_memory(gpu) for gpu in gpus) or "-", "", "", "", "",
-            "" if node.sample is None else f"sampled {_age(node.figure('at'))}", ""]
+            _sampled(node), ""]
+
+
+def _sampled(node: NodeHealth) -> str:
+    """How fresh a training node's figures are; an ended node's last sample is as old as its end, not growing."""
+    if node.sample is None:
+        return ""
+    return "last sample" if node.state in FINAL_STATES else f"sampled {_age(node.figure('at'))}"
 
 
 def _rank_row(rank: RankHealth, health: RunHealth) -> list[str]:

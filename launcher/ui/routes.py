@@ -12,6 +12,7 @@ from flask import Flask, Response, abort, jsonify, redirect, request
 from werkzeug.exceptions import HTTPException
 
 from launcher.backends.base import Backend
+from launcher.cli import CANCEL_GRACE_SECONDS
 from launcher.commands.cancel import force_stop, request_stop
 from launcher.errors import BadInput, LauncherError
 from launcher.runs import timeline as tl
@@ -22,7 +23,6 @@ from launcher.ui.catalog import Query, RunCatalog
 from launcher.ui.logpage import MAX_LINES, read_log
 from launcher.ui.runpage import run_page
 
-CANCEL_GRACE_SECONDS = 15.0  # as `launcher cancel`'s default
 SECURITY_HEADERS = {
     # nothing from elsewhere, no inline script, never inside another site's frame
     "Content-Security-Policy": "default-src 'self'; img-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
