@@ -108,6 +108,11 @@ def test_run_ids_from_the_url_are_run_ids_recorded_here_nothing_else(client, lau
         status, _, body = client.ask("GET", f"/api/runs/{ref}")
         assert status == 404 and why in json.loads(body)["error"], ref
     assert client.ask("GET", "/runs/..%2F..")[0] == 404
+    status, headers, body = client.ask("GET", "/runs/r1")  # an address a person opens: a page that says why
+    assert status == 404 and headers["content-type"].startswith("text/html"), headers
+    assert b"no run &#x27;r1&#x27;" in body and b'href="/"' in body, body
+    status, headers, body = client.ask("GET", "/runs/%3Cb%3E")
+    assert status == 404 and b"<b>" not in body  # what the address holds is shown as text, never as markup
     assert client.json("/api/runs/r12345")["result"] == "succeeded"
 
 
@@ -139,6 +144,10 @@ def test_a_thousand_runs_are_listed_from_their_records_without_asking_a_backend(
     assert again == failed and parsed == []
     status, _, body = client.ask("GET", "/api/runs?per_page=5000")
     assert status == 400 and "1 to 200 runs" in json.loads(body)["error"]
+    past = client.json("/api/runs?per_page=50&page=99999")  # a link from before runs were cleaned: the last page
+    assert (past["page"], past["pages"]) == (20, 20) and past["runs"][-1]["run_id"] == "r00999"
+    past_failed = client.json("/api/runs?state=failed&per_page=200&page=7")
+    assert (past_failed["page"], past_failed["pages"]) == (2, 2) and len(past_failed["runs"]) == 50
 
 
 def test_the_log_comes_after_the_pages_cursor_bounded_and_by_rank(client, launcher_home):

@@ -60,7 +60,7 @@ def test_the_ui_serves_its_pages_from_the_wheel(installed, tmp_path):
         address, _, secret = url.removeprefix("http://").partition("/?token=")
         host, _, port = address.partition(":")
         cookie = None
-        for path in ("/static/run.js", "/static/runs.js", "/static/common.js", "/static/ui.css", "/runs/r1", "/"):
+        for path in ("/static/run.js", "/static/runs.js", "/static/common.js", "/static/ui.css", "/static/favicon.svg", "/runs/r1", "/"):
             connection = http.client.HTTPConnection(host, int(port), timeout=30)
             connection.request("GET", path if cookie else f"{path}?token={secret}",
                                headers={"Cookie": cookie} if cookie else {})

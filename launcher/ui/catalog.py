@@ -119,13 +119,13 @@ class RunCatalog:
 
     def page(self, query: Query) -> dict[str, Any]:
         """The runs the query asks for: one page of rows, with how many runs match in all."""
-        chosen = [info for info in self.runs() if query.matches(info)]
-        start = (query.page - 1) * query.per_page
+        chosen: list[Any] = [info for info in self.runs() if query.matches(info)]
         if query.state:  # a state is known only from each run's work dir: read them all (ended ones are kept)
             with ThreadPoolExecutor(max_workers=MAX_CONCURRENT_READS) as pool:
-                rows = [found for found in pool.map(self.row_of, chosen) if found["state"] == query.state]
-            total, shown = len(rows), rows[start:start + query.per_page]
-        else:
-            total, shown = len(chosen), [self.row_of(info) for info in chosen[start:start + query.per_page]]
-        return {"runs": shown, "total": total, "page": query.page, "per_page": query.per_page,
-                "pages": max(1, -(-total // query.per_page))}
+                chosen = [found for found in pool.map(self.row_of, chosen) if found["state"] == query.state]
+        pages = max(1, -(-len(chosen) // query.per_page))
+        page = min(query.page, pages)  # past the last page (runs were cleaned since the link was made): the last
+        start = (page - 1) * query.per_page
+        shown = chosen[start:start + query.per_page]
+        rows = shown if query.state else [self.row_of(info) for info in shown]
+        return {"runs": rows, "total": len(chosen), "page": page, "per_page": query.per_page, "pages": pages}

@@ -32,6 +32,10 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 REFUSED = "forbidden: open the address `launcher ui` printed, with its token"
+ERROR_PAGE = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>launcher: {text}</title>"
+              "<link rel=\"icon\" href=\"/static/favicon.svg\"><link rel=\"stylesheet\" href=\"/static/ui.css\">"
+              "</head>\n<body><h1>launcher</h1><p class=\"problem\">{text}</p><p><a href=\"/\">all runs</a></p>"
+              "</body></html>\n")
 
 
 def create_app(access: Access) -> Flask:
@@ -72,7 +76,9 @@ def create_app(access: Access) -> Flask:
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[Response, int]:
-        return jsonify(error=exc.description), exc.code or 500
+        if request.path.startswith("/api/"):  # the pages' scripts read why
+            return jsonify(error=exc.description), exc.code or 500
+        return _error_page(exc), exc.code or 500  # a person typed or followed the address: a page that says why
 
     @app.get("/")
     def runs_page() -> Response:
@@ -128,6 +134,11 @@ def _recorded(run_id: str) -> RunInfo:
         return recorded_run(run_id)
     except BadInput as exc:
         abort(404, str(exc))
+
+
+def _error_page(exc: HTTPException) -> Response:
+    text = f"{exc.code} {exc.name}: {exc.description}"
+    return Response(ERROR_PAGE.format(text=html.escape(text)), mimetype="text/html")
 
 
 def _refused(why: str) -> Response:
