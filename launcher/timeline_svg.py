@@ -71,7 +71,7 @@ HEALTH_WORDS = {"cpu": "CPU, % of the node's cores", "gpu": "mean GPU utilisatio
 ATTEMPT_BANDS = ("#ece4f4", "#f7f2fb")  # the run lane's band of each attempt, alternating
 NOTE_CHARACTERS = 170  # a note on why a round or an attempt ended is cut to this (its title holds all of it)
 FOLD_ROW = 7  # a folded lane's row per state
-FOLD_WORDS = "folded nodes: a row per state, median (solid), earliest-latest (pale)"
+FOLD_WORDS = "folded: a row per state, median (solid), spread (pale)"
 
 
 def nice_step(seconds: float) -> float:
@@ -248,9 +248,10 @@ def _fold(canvas: _Canvas, index: int, folded: fold.Fold) -> None:
         data = " ".join(f'data-{name}="{seconds(at):.6f}"' for name, at in (
             ("start-min", first), ("start-median", middle), ("start-max", last), ("end-min", ended_first),
             ("end-median", ended_middle), ("end-max", ended_last)))
-        middle_x, end_x = canvas.x(middle), max(canvas.x(ended_middle), canvas.x(middle) + 1)
+        x, middle_x = canvas.x(first), canvas.x(middle)
+        end_x = max(canvas.x(ended_middle), middle_x + 1)  # a median stretch too short to see: a line
         canvas.add(f'<g class="spread" data-fold="{index}" data-state="{spread.state}" data-nodes="{spread.nodes}" '
-                   f'{data}><rect x="{canvas.x(first):.3f}" y="{y:.2f}" width="{canvas.x(ended_last) - canvas.x(first):.3f}" '
+                   f'{data}><rect x="{x:.3f}" y="{y:.2f}" width="{canvas.x(ended_last) - x:.3f}" '
                    f'height="{FOLD_ROW - 1}" fill="{colour}" fill-opacity="0.3"/><rect x="{middle_x:.3f}" y="{y:.2f}" '
                    f'width="{end_x - middle_x:.3f}" height="{FOLD_ROW - 1}" fill="{colour}"/>'
                    f'<title>{escape(figures)}</title></g>')
@@ -501,5 +502,6 @@ def html(timeline: tl.Timeline, table: Iterable[list[str]], all_nodes: bool = Fa
             "table{border-collapse:collapse;margin-top:16px;font-size:13px}"
             "td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}td:first-child,th:first-child"
             "{text-align:left}</style></head><body>\n"
-            f"{svg(timeline, standalone=False, all_nodes=all_nodes)}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n"
+            f"{svg(timeline, standalone=False, all_nodes=all_nodes)}"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n"
             "</body></html>\n")

@@ -106,15 +106,21 @@ def table_rows(found: tl.Timeline, lanes: fold.Lanes | None = None) -> list[list
     ordered = sorted(cells.items(), key=lambda item: min(item[1].values()))
     rows = [["PHASE", RUN_COLUMN, *(SUMMARY_COLUMNS if summed else []), *shown, *([CAUSE_COLUMN] if causes else [])]]
     for label, row in ordered:
-        times = sorted(at for column, at in row.items() if column != RUN_COLUMN)
-        summary = ([str(len(times)), *(f"{found.seconds(at):.2f}" for at in (times[0], median(times), times[-1]))]
-                   if times else ["0", "", "", ""])
-        rows.append([label, *(f"{found.seconds(row[column]):.2f}" if column in row else ""
-                              for column in [RUN_COLUMN, *([] if summed else shown)]),
-                     *(summary + [f"{found.seconds(row[column]):.2f}" if column in row else "" for column in shown]
-                       if summed else []),
-                     *([causes.get(label, "")] if causes else [])])
+        rows.append([label, *_cells(found, row, [RUN_COLUMN]), *(_summary(found, row) if summed else []),
+                     *_cells(found, row, shown), *([causes.get(label, "")] if causes else [])])
     return rows
+
+
+def _cells(found: tl.Timeline, row: dict[str, float], columns: list[str]) -> list[str]:
+    return [f"{found.seconds(row[column]):.2f}" if column in row else "" for column in columns]
+
+
+def _summary(found: tl.Timeline, row: dict[str, float]) -> list[str]:
+    """A phase over every node that had it: how many, the earliest, median and latest time."""
+    times = sorted(at for column, at in row.items() if column != RUN_COLUMN)
+    if not times:  # the run's own
+        return ["", "", "", ""]
+    return [str(len(times)), *(f"{found.seconds(at):.2f}" for at in (times[0], median(times), times[-1]))]
 
 
 def fold_note(found: tl.Timeline, lanes: fold.Lanes) -> str:

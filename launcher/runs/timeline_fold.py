@@ -57,14 +57,12 @@ def lanes(timeline: tl.Timeline, spans: list[tl.Segment], all_nodes: bool = Fals
     reasons = standouts(timeline, spans)
     first = [node for node, why in reasons.items() if set(why) & {MAIN, SLOWEST_START, SLOWEST_FINISH}]
     chosen = set(first + [node for node in reasons if node not in first][:SHOWN_AT_MOST - len(first)])
-    by_node = _by_node(spans)
-    folds = [Fold(nodes, "", spreads(nodes, by_node))
-             for nodes in [[node for node in timeline.nodes if node not in reasons]] if nodes]
-    left_over: dict[str, list[str]] = {}
+    groups: dict[str, list[str]] = {"": [node for node in timeline.nodes if node not in reasons]}
     for node, why in reasons.items():
-        if node not in chosen:
-            left_over.setdefault(why[0], []).append(node)
-    folds += [Fold(nodes, why, spreads(nodes, by_node)) for why, nodes in left_over.items()]
+        if node not in chosen:  # a standout beyond the screen: folded with those that stand out alike
+            groups.setdefault(why[0], []).append(node)
+    by_node = _by_node(spans)
+    folds = [Fold(nodes, why, spreads(nodes, by_node)) for why, nodes in groups.items() if nodes]
     return Lanes({node: "; ".join(reasons[node]) for node in timeline.nodes if node in chosen}, folds)
 
 
