@@ -1,4 +1,4 @@
-"""`launcher timeline -o x.svg` on a run of N nodes (issue 41): the picture's size in bytes and lanes, and the
+"""`launcher timeline -o x.svg` on a run of N nodes (issue 41): the picture's size (bytes, lanes, pixels high) and the
 command's time, for this checkout and, with ``--before DIR``, for another checkout of launcher on the same records.
 
 The runs are written by benchmarks/scale.py (the protocol's own writers), as in benchmarks/scale_client.py, whose
@@ -29,7 +29,8 @@ def measure(checkout: Path, run: str, home: Path, repeat: int) -> dict:
     timed = time_command([sys.executable, "-m", "launcher", "timeline", "-o", str(picture), run], env, repeat)
     text = picture.read_text(encoding="utf-8")
     lanes = len(re.findall(r'<g (?:class="fold" )?data-lane="', text)) - 1  # the run's own lane is no node's
-    return {**timed, "svg_bytes": len(text.encode()), "lanes": lanes}
+    height = float(re.search(r'<svg[^>]* height="([\d.]+)"', text).group(1))
+    return {**timed, "svg_bytes": len(text.encode()), "lanes": lanes, "height_px": height}
 
 
 def main() -> None:
@@ -52,10 +53,11 @@ def main() -> None:
             row = {"nodes": nodes, "code": label, **measure(checkout, str(info), home, args.repeat)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| nodes | code | lanes | SVG | total | CPU | peak RSS |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| nodes | code | lanes | height | SVG | total | CPU | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['nodes']} | {row['code']} | {row['lanes']} | {row['svg_bytes'] / 1024:.0f} KiB | "
+        print(f"| {row['nodes']} | {row['code']} | {row['lanes']} | {row['height_px']:,.0f} px | "
+              f"{row['svg_bytes'] / 1024:,.0f} KiB | "
               f"{row['total_s']:.2f} s | {row['cpu_s']:.2f} s | {row['peak_rss_mib']:.0f} MiB |")
 
 

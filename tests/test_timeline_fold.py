@@ -10,8 +10,11 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from statistics import median
 
+import pytest
+
 from conftest import run_cli
-from test_timeline import T0, batch
+from test_timeline import T0, batch, measured_in_chromium
+from launcher.commands.timeline import table_rows
 from launcher import timeline_svg
 from launcher.protocol.store import WorkDir
 from launcher.runs import timeline as tl
@@ -135,3 +138,26 @@ def test_the_table_sums_each_phase_up_over_the_nodes_and_all_nodes_shows_each(tm
 
 def test_names_in_a_row_are_written_as_ranges():
     assert named(["m", "w-0", "w-1", "w-2", "w-4", "x", "w-5"]) == "m, w-0 to w-2, w-4, x, w-5"
+
+
+def test_a_browser_draws_each_folded_states_rows_inside_the_fold_below_the_standouts(tmp_path):
+    found = tl.read_timeline(large_run(tmp_path, 100))
+    page = tmp_path / "run.html"
+    page.write_text(timeline_svg.html(found, table_rows(found)))
+    shown = measured_in_chromium(page, tmp_path)
+    lanes = shown["lanes"]
+    assert list(lanes) == ["run", "m", "w-10", "w-20", "w-57", "fold:0"]
+    assert all(lanes[above]["bottom"] <= lanes[below]["top"] for above, below in zip(lanes, list(lanes)[1:]))
+    rows = [state for state in shown["states"] if "node" not in state]  # the fold's: no node of their own
+    assert [row["state"] for row in rows] == [row.get("data-state") for row in ElementTree.fromstring(
+        timeline_svg.svg(found)).iter(f"{SVG}g") if row.get("class") == "spread"]
+    fold = lanes["fold:0"]
+    assert all(fold["top"] <= row["top"] and row["bottom"] <= fold["bottom"] for row in rows)
+    assert all(upper["bottom"] <= lower["top"] for upper, lower in zip(rows, rows[1:]))  # a row per state
+    x0 = shown["svg"]["left"] + shown["svg"]["x0"]
+    training = next(row for row in rows if row["state"] == tl.TRAINING)
+    spans = [span for span in tl.segments(found) if span.state == tl.TRAINING and span.node not in lanes]
+    assert training["left"] == pytest.approx(x0 + found.seconds(min(s.start for s in spans)) * shown["svg"]["scale"],
+                                             abs=1)
+    assert training["right"] == pytest.approx(x0 + found.seconds(max(s.end for s in spans)) * shown["svg"]["scale"],
+                                              abs=1)
