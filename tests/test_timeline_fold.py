@@ -5,7 +5,10 @@ name every node they hold; the table sums each phase up over the nodes; ``--all-
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from statistics import median
@@ -161,3 +164,23 @@ def test_a_browser_draws_each_folded_states_rows_inside_the_fold_below_the_stand
                                              abs=1)
     assert training["right"] == pytest.approx(x0 + found.seconds(max(s.end for s in spans)) * shown["svg"]["scale"],
                                               abs=1)
+
+
+def test_a_run_the_protocols_writers_wrote_folds_and_its_benchmark_runs(tmp_path):
+    """benchmarks/timeline_lanes.py at a small size (40 nodes of benchmarks/scale.py), so that it cannot rot; the
+    records it keeps, as the nodes' own writers wrote them, fold in the picture and the table."""
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(repo / "benchmarks" / "timeline_lanes.py"), "--sizes", "40",
+                           "--repeat", "1", "--train-seconds", "1", "--keep", str(tmp_path)],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=240)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout.splitlines()[0])
+    assert (row["nodes"], row["code"], row["exit"]) == (40, "after", 0)
+    assert 2 <= row["lanes"] <= SHOWN_AT_MOST + FEW and row["svg_bytes"] > 0
+    env = {**os.environ, "LAUNCHER_HOME": str(tmp_path / "40")}
+    table = run_cli("timeline", str(tmp_path / "40" / "runs" / "scale" / "info.yaml"), env=env)
+    assert table.returncode == 0, table.stderr
+    header, *rows = [re.split(r"\s{2,}", line.strip()) for line in table.stdout.splitlines()[1:-1]]
+    assert header[:6] == ["PHASE", "run", "NODES", "MIN", "MEDIAN", "MAX"] and "node-0" in header
+    assert {row[0]: row[1] for row in rows}["registered"] == "40"  # the run's own cell is empty: NODES follows
+    assert "node-0 (main" in table.stdout and "more not shown (--all-nodes shows every node)" in table.stdout
