@@ -235,7 +235,7 @@ def _fold(canvas: _Canvas, index: int, folded: fold.Fold) -> None:
                f'data-nodes="{escape(" ".join(folded.nodes))}"><rect x="{LEFT}" y="{top:.2f}" width="{PLOT_WIDTH}" '
                f'height="{height}" fill="#eef1f5"/><text x="{LEFT - 8}" y="{top + 11:.2f}" text-anchor="end">'
                f'{escape(said)}</text><text x="{LEFT - 8}" y="{top + 22:.2f}" text-anchor="end" font-size="9" '
-               f'fill="#666">{escape((folded.why + ": " if folded.why else "") + first_last)}</text>'
+               f'fill="#666">{escape(first_last)}</text>'
                f'<title>{escape(said)}: {escape(names)}</title></g>')
     for row, spread in enumerate(folded.spreads):
         y = top + 3 + row * FOLD_ROW
