@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "table) or FILE.svg; self-contained, opens offline")
     p.add_argument("--json", action="store_true", help="every event, and each node's health series the picture "
                    "draws, machine-readable")
+    p.add_argument("--all-nodes", action="store_true", help="a column (and a lane in the picture) for every node; "
+                   "a large run otherwise shows the nodes that stand out on their own and sums up the others")
     p.set_defaults(handler=_timeline)
 
     p = verbs.add_parser("list", help="recent runs")
@@ -307,7 +309,7 @@ def _data(args: argparse.Namespace) -> int:
 def _timeline(args: argparse.Namespace) -> int:
     from launcher.commands.timeline import timeline
 
-    return timeline(args.run, output=args.output, as_json=args.json)
+    return timeline(args.run, output=args.output, as_json=args.json, all_nodes=args.all_nodes)
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from typing import Iterable
 
 from launcher.protocol import events as node_events
 from launcher.runs import timeline as tl
+from launcher.runs import timeline_fold as fold
 from launcher.runs.timeline_health import Utilisation
 
 PLOT_WIDTH = 1000
@@ -69,6 +70,8 @@ HEALTH_WORDS = {"cpu": "CPU, % of the node's cores", "gpu": "mean GPU utilisatio
                 "steps": "steps/s, a line per rank"}
 ATTEMPT_BANDS = ("#ece4f4", "#f7f2fb")  # the run lane's band of each attempt, alternating
 NOTE_CHARACTERS = 170  # a note on why a round or an attempt ended is cut to this (its title holds all of it)
+FOLD_ROW = 7  # a folded lane's row per state
+FOLD_WORDS = "folded: a row per state, median (solid), spread (pale)"
 
 
 def nice_step(seconds: float) -> float:
@@ -86,33 +89,41 @@ def axis(seconds: float) -> tuple[float, float]:
 
 
 class _Canvas:
-    def __init__(self, timeline: tl.Timeline, spans: list[tl.Segment]):
+    def __init__(self, timeline: tl.Timeline, spans: list[tl.Segment], lanes: fold.Lanes):
         self.timeline = timeline
-        self.health = [drawn for drawn in timeline.health if drawn.node in timeline.nodes]
+        self.lanes = lanes
+        self.health = [drawn for drawn in timeline.health if drawn.node in lanes.shown]
         ends = ([timeline.seconds(s.end) for s in spans] + [timeline.seconds(e.at) for e in timeline.events]
                 + [timeline.seconds(point[0]) for drawn in self.health for point in drawn.points])
         self.span, self.step = axis(max(ends, default=1.0))
         self.scale = PLOT_WIDTH / self.span
-        self.lanes = ["run", *timeline.nodes]
         self.fastest = max((value for drawn in self.health for points in drawn.steps_per_s.values()
                             for _, value in points if value is not None), default=0.0)
         self.strip = UTIL_ROW + ROW_GAP + (STEPS_ROW + ROW_GAP if self.fastest > 0 else 0)  # under a lane with health
         self.tops: dict[str, float] = {}
         below = float(TOP)
-        for lane in self.lanes:
+        for lane in ["run", *lanes.shown]:
             self.tops[lane] = below
             below += LANE + GAP + (self.strip if any(drawn.node == lane for drawn in self.health) else 0)
+        for index, folded in enumerate(lanes.folds):
+            self.tops[_fold_lane(index)] = below
+            below += _fold_height(folded) + GAP
         self.bottom = below - GAP  # of the last lane (and its rows)
         self.states = [state for state in tl.STATES if any(span.state == state for span in spans)]
-        self.marks = [phase for phase in MARKS if any(_drawn(event) and event.phase == phase
-                                                        for event in timeline.events)]
+        self.marks = [phase for phase in MARKS if any(_drawn(event) and self.has_lane(event.node)
+                                                        and event.phase == phase for event in timeline.events)]
         self.health_keys = [key for key, drawn in (("cpu", self._measured(1)), ("gpu", self._measured(2)),
                                                    ("steps", self.fastest > 0)) if drawn]  # in the legend
-        self.entries = len(self.states) + len(self.marks) + len(self.health_keys)  # in the legend
+        self.entries = (len(self.states) + len(self.marks) + len(self.health_keys)
+                        + (1 if lanes.folded else 0))  # in the legend
         self.ends = [event for event in timeline.events if event.phase in tl.RUN_ENDS and event.node is None]
         self.height = self.bottom + GAP + 40 + 18 * ((self.entries + 2) // 3 + len(self.ends))
         self.parts: list[str] = []
         self.label_ends = [0.0, 0.0]  # where the last word in each of the run lane's two rows ends
+
+    def has_lane(self, node: str | None) -> bool:
+        """Whether ``node`` (None: the run) is drawn on a lane of its own, not folded."""
+        return node is None or node in self.lanes.shown
 
     def _measured(self, figure: int) -> bool:
         """Whether any sample of any health record has its figure at ``figure`` of a point (1: CPU, 2: GPU)."""
@@ -133,10 +144,12 @@ def _drawn(event: tl.Event) -> bool:
     return event.phase in MARKS and (event.phase != node_events.STARTED or event.incarnation > 0)
 
 
-def svg(timeline: tl.Timeline, *, standalone: bool = True) -> str:
-    """The picture; ``standalone``: with the XML namespace, as an .svg file needs."""
+def svg(timeline: tl.Timeline, *, standalone: bool = True, all_nodes: bool = False) -> str:
+    """The picture; ``standalone``: with the XML namespace, as an .svg file needs; ``all_nodes``: a lane for every
+    node however many (else a run of more than :data:`fold.FOLD_ABOVE` is folded)."""
     spans = tl.segments(timeline)
-    canvas = _Canvas(timeline, spans)
+    lanes = fold.lanes(timeline, spans, all_nodes)
+    canvas = _Canvas(timeline, spans, lanes)
     width = LEFT + PLOT_WIDTH + 30
     namespace = ' xmlns="http://www.w3.org/2000/svg"' if standalone else ""
     canvas.add(f'<svg{namespace} width="{width}" height="{canvas.height:.0f}" viewBox="0 0 {width} '
@@ -144,22 +157,42 @@ def svg(timeline: tl.Timeline, *, standalone: bool = True) -> str:
                f'data-px-per-s="{canvas.scale:.6f}" data-submitted="{timeline.submitted:.6f}">')
     canvas.add('<rect x="0" y="0" width="100%" height="100%" fill="#ffffff"/>')
     canvas.add(f'<text x="{LEFT}" y="18" font-size="14" font-weight="bold">{escape(timeline.run_id)}: seconds from '
-               'submit</text>')
+               f'submit{escape(_fold_words(timeline, lanes))}</text>')
     _axis(canvas)
     _lanes(canvas)
     _attempt_bands(canvas, spans)
     for span in spans:
-        _segment(canvas, span)
+        if canvas.has_lane(span.node):
+            _segment(canvas, span)
+    for index, folded in enumerate(lanes.folds):
+        _fold(canvas, index, folded)
     for node in dict.fromkeys(drawn.node for drawn in canvas.health):
         _health_rows(canvas, node)
     for drawn in canvas.health:
         _health(canvas, drawn)
     for event in timeline.events:
-        _mark(canvas, event)
+        if canvas.has_lane(event.node):
+            _mark(canvas, event)
     _legend(canvas)
     _end_notes(canvas)
     canvas.add("</svg>")
     return "\n".join(canvas.parts) + "\n"
+
+
+def _fold_words(timeline: tl.Timeline, lanes: fold.Lanes) -> str:
+    """What the title adds for a folded run: how many nodes, how many on their own, how many folded."""
+    if not lanes.folded:
+        return ""
+    folded = sum(len(each.nodes) for each in lanes.folds)
+    return f" ({len(timeline.nodes):,} nodes: {len(lanes.shown)} on their own, {folded:,} folded)"
+
+
+def _fold_lane(index: int) -> str:
+    return f"fold:{index}"  # no node's name has a colon
+
+
+def _fold_height(folded: fold.Fold) -> float:
+    return max(LANE, FOLD_ROW * len(folded.spreads) + 6)
 
 
 def _axis(canvas: _Canvas) -> None:
@@ -172,12 +205,56 @@ def _axis(canvas: _Canvas) -> None:
 
 
 def _lanes(canvas: _Canvas) -> None:
-    for node in canvas.lanes:
+    """A lane per node drawn on its own; in a folded run its label says under the name why it is drawn."""
+    for node in ["run", *canvas.lanes.shown]:
         top = canvas.lane_top(None if node == "run" else node)
-        label = "run" if node == "run" else node
-        canvas.add(f'<g data-lane="{escape(label)}" data-top="{top:.2f}" data-bottom="{top + LANE:.2f}">'
-                   f'<rect x="{LEFT}" y="{top:.2f}" width="{PLOT_WIDTH}" height="{LANE}" fill="#f7f7f7"/>'
-                   f'<text x="{LEFT - 8}" y="{top + LANE / 2 + 4:.2f}" text-anchor="end">{escape(label)}</text></g>')
+        why = canvas.lanes.shown.get(node, "")
+        label = (f'<text x="{LEFT - 8}" y="{top + 11:.2f}" text-anchor="end">{escape(node)}</text>'
+                 f'<text x="{LEFT - 8}" y="{top + 22:.2f}" text-anchor="end" font-size="9" fill="#666">'
+                 f'{escape(why)}</text>' if why else
+                 f'<text x="{LEFT - 8}" y="{top + LANE / 2 + 4:.2f}" text-anchor="end">{escape(node)}</text>')
+        canvas.add(f'<g data-lane="{escape(node)}" data-top="{top:.2f}" data-bottom="{top + LANE:.2f}"'
+                   + (f' data-why="{escape(why)}"' if why else "") +
+                   f'><rect x="{LEFT}" y="{top:.2f}" width="{PLOT_WIDTH}" height="{LANE}" fill="#f7f7f7"/>'
+                   f'{label}</g>')
+
+
+def _fold(canvas: _Canvas, index: int, folded: fold.Fold) -> None:
+    """A lane for a fold of nodes: its label counts them and names the first and last (its title every one); a
+    row per state, pale from the earliest start to the latest end over the fold's nodes, solid from the median
+    start to the median end, its title giving the three figures of each."""
+    top = canvas.tops[_fold_lane(index)]
+    height = _fold_height(folded)
+    count = len(folded.nodes)
+    names = fold.named(folded.nodes)
+    first_last = folded.nodes[0] if count == 1 else f"{folded.nodes[0]} … {folded.nodes[-1]}"
+    said = f"{count:,} {'node' if count == 1 else 'nodes'} folded" + (f" ({folded.why})" if folded.why else "")
+    seconds = canvas.timeline.seconds
+    canvas.add(f'<g class="fold" data-lane="{_fold_lane(index)}" data-top="{top:.2f}" '
+               f'data-bottom="{top + height:.2f}" data-count="{count}" data-why="{escape(folded.why)}" '
+               f'data-nodes="{escape(" ".join(folded.nodes))}"><rect x="{LEFT}" y="{top:.2f}" width="{PLOT_WIDTH}" '
+               f'height="{height}" fill="#eef1f5"/><text x="{LEFT - 8}" y="{top + 11:.2f}" text-anchor="end">'
+               f'{escape(said)}</text><text x="{LEFT - 8}" y="{top + 22:.2f}" text-anchor="end" font-size="9" '
+               f'fill="#666">{escape(first_last)}</text>'
+               f'<title>{escape(said)}: {escape(names)}</title></g>')
+    for row, spread in enumerate(folded.spreads):
+        y = top + 3 + row * FOLD_ROW
+        colour = STATE_COLOURS[spread.state]
+        (first, middle, last), (ended_first, ended_middle, ended_last) = spread.starts, spread.ends
+        figures = (f"{STATE_WORDS[spread.state]}: {spread.nodes:,} of {count:,} folded nodes; began "
+                   f"{seconds(first):.2f} / {seconds(middle):.2f} / {seconds(last):.2f} s, ended "
+                   f"{seconds(ended_first):.2f} / {seconds(ended_middle):.2f} / {seconds(ended_last):.2f} s "
+                   "(earliest / median / latest)")
+        data = " ".join(f'data-{name}="{seconds(at):.6f}"' for name, at in (
+            ("start-min", first), ("start-median", middle), ("start-max", last), ("end-min", ended_first),
+            ("end-median", ended_middle), ("end-max", ended_last)))
+        x, middle_x = canvas.x(first), canvas.x(middle)
+        end_x = max(canvas.x(ended_middle), middle_x + 1)  # a median stretch too short to see: a line
+        canvas.add(f'<g class="spread" data-fold="{index}" data-state="{spread.state}" data-nodes="{spread.nodes}" '
+                   f'{data}><rect x="{x:.3f}" y="{y:.2f}" width="{canvas.x(ended_last) - x:.3f}" '
+                   f'height="{FOLD_ROW - 1}" fill="{colour}" fill-opacity="0.3"/><rect x="{middle_x:.3f}" y="{y:.2f}" '
+                   f'width="{end_x - middle_x:.3f}" height="{FOLD_ROW - 1}" fill="{colour}"/>'
+                   f'<title>{escape(figures)}</title></g>')
 
 
 def _attempt_bands(canvas: _Canvas, spans: list[tl.Segment]) -> None:
@@ -380,6 +457,9 @@ def _legend(canvas: _Canvas) -> None:
                  f'<line x1="0" y1="-4" x2="14" y2="-4" stroke="{GPU_COLOUR if key == "gpu" else STEPS_COLOUR}" '
                  'stroke-width="1.5"/>')
         entries.append((drawn, HEALTH_WORDS[key]))
+    if canvas.lanes.folded:
+        entries.append((f'<rect width="14" height="6" y="-7" fill="{STATE_COLOURS[tl.TRAINING]}" fill-opacity="0.3"/>'
+                        f'<rect x="4" width="6" height="6" y="-7" fill="{STATE_COLOURS[tl.TRAINING]}"/>', FOLD_WORDS))
     for index, (drawn, words) in enumerate(entries):
         x, y = LEFT + (index % 3) * 330, top + (index // 3) * 18
         canvas.add(f'<g class="legend" transform="translate({x},{y:.2f})">{drawn}'
@@ -411,7 +491,7 @@ def _shortened(note: str) -> str:
     return note[:NOTE_CHARACTERS - len(tail) - 1] + "…" + tail
 
 
-def html(timeline: tl.Timeline, table: Iterable[list[str]]) -> str:
+def html(timeline: tl.Timeline, table: Iterable[list[str]], all_nodes: bool = False) -> str:
     """A self-contained page: the picture, then the table of phases (the rows of ``launcher timeline``)."""
     rows = list(table)
     head = "".join(f"<th>{escape(cell)}</th>" for cell in rows[0]) if rows else ""
@@ -422,5 +502,6 @@ def html(timeline: tl.Timeline, table: Iterable[list[str]]) -> str:
             "table{border-collapse:collapse;margin-top:16px;font-size:13px}"
             "td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}td:first-child,th:first-child"
             "{text-align:left}</style></head><body>\n"
-            f"{svg(timeline, standalone=False)}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n"
+            f"{svg(timeline, standalone=False, all_nodes=all_nodes)}"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n"
             "</body></html>\n")

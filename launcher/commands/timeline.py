@@ -5,20 +5,23 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from statistics import median
 
 from launcher.commands.inspect import _table
 from launcher.errors import EXIT_OK, BackendError, BadInput
 from launcher.protocol import events as node_events
 from launcher.runs import timeline as tl
+from launcher.runs import timeline_fold as fold
 from launcher.runs.state import resolve_run
 from launcher.wording import plural
 
 PICTURES = (".html", ".htm", ".svg")
 RUN_COLUMN = "run"
 CAUSE_COLUMN = "CAUSE"
+SUMMARY_COLUMNS = ["NODES", "MIN", "MEDIAN", "MAX"]  # a folded table's, over every node
 
 
-def timeline(run_ref: str | None, *, output: str | None, as_json: bool) -> int:
+def timeline(run_ref: str | None, *, output: str | None, as_json: bool, all_nodes: bool = False) -> int:
     if output and Path(output).suffix.lower() not in PICTURES:
         raise BadInput(f"-o {output}: the picture is written as .html or .svg (by the file's name)")
     info = resolve_run(run_ref)
@@ -27,22 +30,26 @@ def timeline(run_ref: str | None, *, output: str | None, as_json: bool) -> int:
         json.dump(found.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     if output:
-        _write(found, Path(output))
+        _write(found, Path(output), all_nodes)
     if not as_json:
         if not found.events:
             print(f"run {info.run_id}: nothing recorded yet")
             return EXIT_OK
         print(f"run {info.run_id}: seconds from submit ({plural(len(found.nodes), 'node')})")
-        print(_table(table_rows(found)))
+        lanes = _lanes(found, all_nodes)
+        print(_table(table_rows(found, lanes)))
+        if lanes.folded:
+            print(fold_note(found, lanes))
         if output:
             print(f"picture: {output}")
     return EXIT_OK
 
 
-def _write(found: tl.Timeline, path: Path) -> None:
+def _write(found: tl.Timeline, path: Path, all_nodes: bool) -> None:
     from launcher import timeline_svg
 
-    text = timeline_svg.svg(found) if path.suffix.lower() == ".svg" else timeline_svg.html(found, table_rows(found))
+    text = (timeline_svg.svg(found, all_nodes=all_nodes) if path.suffix.lower() == ".svg"
+            else timeline_svg.html(found, table_rows(found, _lanes(found, all_nodes)), all_nodes))
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
@@ -70,11 +77,21 @@ def row_label(found: tl.Timeline, event: tl.Event) -> str:
     return f"{label} ({', '.join(where)})" if where else label
 
 
-def table_rows(found: tl.Timeline) -> list[list[str]]:
+def _lanes(found: tl.Timeline, all_nodes: bool) -> fold.Lanes:
+    """The nodes the table shows on their own; its states are only computed for a run large enough to fold."""
+    if all_nodes or len(found.nodes) <= fold.FOLD_ABOVE:
+        return fold.lanes(found, [], all_nodes)
+    return fold.lanes(found, tl.segments(found))
+
+
+def table_rows(found: tl.Timeline, lanes: fold.Lanes | None = None) -> list[list[str]]:
     """PHASE, run, then one column per node: seconds from submit; then, where the run has a round or an attempt
     that ended, CAUSE: why each ended. A node's first training line is that of its earliest rank, its last line
-    that of its latest; other repeated phases in one cell show the first."""
-    columns = [RUN_COLUMN, *found.nodes]
+    that of its latest; other repeated phases in one cell show the first. A folded run (``lanes``) has, between
+    the run's column and the nodes shown on their own, how many nodes had the phase and its earliest, median and
+    latest time over them all."""
+    shown = list(lanes.shown) if lanes else found.nodes
+    summed = bool(lanes and lanes.folded)
     cells: dict[str, dict[str, float]] = {}
     causes: dict[str, str] = {}
     for event in found.events:
@@ -87,8 +104,28 @@ def table_rows(found: tl.Timeline) -> list[list[str]]:
         if event.phase in tl.RUN_ENDS and event.node is None:
             causes.setdefault(label, event.detail)
     ordered = sorted(cells.items(), key=lambda item: min(item[1].values()))
-    rows = [["PHASE", *columns, *([CAUSE_COLUMN] if causes else [])]]
+    rows = [["PHASE", RUN_COLUMN, *(SUMMARY_COLUMNS if summed else []), *shown, *([CAUSE_COLUMN] if causes else [])]]
     for label, row in ordered:
-        rows.append([label, *(f"{found.seconds(row[column]):.2f}" if column in row else "" for column in columns),
-                     *([causes.get(label, "")] if causes else [])])
+        rows.append([label, *_cells(found, row, [RUN_COLUMN]), *(_summary(found, row) if summed else []),
+                     *_cells(found, row, shown), *([causes.get(label, "")] if causes else [])])
     return rows
+
+
+def _cells(found: tl.Timeline, row: dict[str, float], columns: list[str]) -> list[str]:
+    return [f"{found.seconds(row[column]):.2f}" if column in row else "" for column in columns]
+
+
+def _summary(found: tl.Timeline, row: dict[str, float]) -> list[str]:
+    """A phase over every node that had it: how many, the earliest, median and latest time."""
+    times = sorted(at for column, at in row.items() if column != RUN_COLUMN)
+    if not times:  # the run's own
+        return ["", "", "", ""]
+    return [str(len(times)), *(f"{found.seconds(at):.2f}" for at in (times[0], median(times), times[-1]))]
+
+
+def fold_note(found: tl.Timeline, lanes: fold.Lanes) -> str:
+    """Under a folded table: the nodes it shows and why, and that the rest are in the summary columns."""
+    shown = ", ".join(f"{node} ({why})" for node, why in lanes.shown.items())
+    folded = sum(len(each.nodes) for each in lanes.folds)
+    return (f"{len(found.nodes):,} nodes: NODES, MIN, MEDIAN and MAX are over every node; shown on their own: {shown}; "
+            f"{folded:,} more not shown (--all-nodes shows every node)")
