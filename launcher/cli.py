@@ -8,9 +8,8 @@ import sys
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from launcher import __version__
+from launcher.commands import CANCEL_GRACE_SECONDS
 from launcher.errors import EXIT_BACKEND, LauncherError, SpecError
-
-CANCEL_GRACE_SECONDS = 15.0  # how long nodes have to stop on their own before they are forced (cancel, the ui's)
 
 if TYPE_CHECKING:
     from launcher.spec import Overrides

@@ -12,7 +12,7 @@ from flask import Flask, Response, abort, jsonify, redirect, request
 from werkzeug.exceptions import HTTPException
 
 from launcher.backends.base import Backend
-from launcher.cli import CANCEL_GRACE_SECONDS
+from launcher.commands import CANCEL_GRACE_SECONDS
 from launcher.commands.cancel import force_stop, request_stop
 from launcher.errors import BadInput, LauncherError
 from launcher.runs import timeline as tl
