@@ -120,8 +120,9 @@ def test_a_run_decides_when_its_last_node_dies_between_registering_and_deciding(
     waiting.join()
     results = list(waiting.results.values())
     assert isinstance(results[0], Decision) and all(result == results[0] for result in results)
-    # decided by whichever waiting node listed first: the listings are spread, one comes soon
-    assert max(waiting.ended_at.values()) - started < 1.2 * 3 * BASE + 1.0
+    # decided by whichever waiting node listed first (each lists every 3 s at most, the run far more often), long
+    # before the timeout's listing; the margin is for a loaded machine
+    assert max(waiting.ended_at.values()) - started < 1.2 * 3 * BASE + 10.0
 
 
 def test_nodes_waiting_in_a_round_list_its_registrations_a_bounded_number_of_times(tmp_path):

@@ -25,6 +25,7 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Callable, Collection, Sequence
 
 from launcher.protocol.rendezvous import (Decision, Listed, PollPolicy, Registration, RendezvousError,
@@ -255,13 +256,22 @@ class Rounds:
         registered: dict[str, Listed] = {}
         for entry in self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes"):
             listed = parse_node_key(entry)
-            if listed is None or not node_names.rank_order(self.order, self.grows, [listed.name]):
+            if listed is None or not self._is_node(listed.name):
                 continue
             held = registered.get(listed.name)
             # a name twice (a node and its replacement): the newer start, whatever the listing's order
             if held is None or self._incarnation(number, listed) >= self._incarnation(number, held):
                 registered[listed.name] = listed
         return registered
+
+    @cached_property
+    def _names(self) -> frozenset[str]:
+        return frozenset(self.order)
+
+    def _is_node(self, name: str) -> bool:
+        """Whether ``name`` is one of the run's nodes, as node_names.rank_order decides it, for one name: that
+        called per listed entry scanned the whole order, N x N steps for a listing of N registrations."""
+        return name in self._names or (self.grows is not None and node_names.number_in(self.grows, name) is not None)
 
     def _incarnation(self, number: int, listed: Listed) -> int:
         """Which start of its node a registration of round ``number`` is (its body says; 0 where it does not)."""
