@@ -1,5 +1,6 @@
 """benchmarks/scale.py at a tiny size (8 nodes on a local work dir), so that the benchmark cannot rot: every node
-registers, holds the decision, trains and ends, and the figures it prints add up."""
+registers, holds the decision, trains and ends, and the figures it prints add up; and through a membership change
+(a node's death, two nodes joining) with the real membership rounds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,3 +37,25 @@ def test_the_scale_benchmark_runs_8_nodes_and_prints_sane_figures(tmp_path):
     assert sorted(s["node"] for s in statuses) == [f"node-{i}" for i in range(8)]
     assert {s["state"] for s in statuses} == {"succeeded"}
     assert sorted(s["rank"] for s in statuses) == list(range(8))
+
+
+@pytest.mark.parametrize("change,members", [("death", 7), ("scale", 10)])
+def test_the_scale_benchmark_takes_8_nodes_through_a_membership_change(tmp_path, change, members):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "scale.py"), "--nodes", "8", "--processes", "2",
+                           "--train-seconds", "2", "--change", change, "--join", "2", "--keep", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    summary = figures["change"]
+    assert summary["kind"] == change and summary["final_round"] >= 1 and summary["members"] == members
+    after = summary["every_node_in_the_final_round_s"]
+    assert 0 < after["median"] <= after["max"] < 60
+    assert figures["requests_per_node_per_s"]["change"]["create"] > 0  # each node registered in the new round
+    # the work dir holds the rounds the real Rounds code wrote: the last one has every node the change left
+    run = tmp_path / "scale"
+    last = json.loads((run / "rounds" / f"{summary['final_round']:05d}.json").read_text())
+    expected = [f"node-{i}" for i in range(members)]
+    assert sorted(last["decision"]["ranks"], key=lambda name: int(name[5:])) == expected
+    statuses = {path.stem: json.loads(path.read_text())["state"] for path in (run / "status").iterdir()}
+    assert statuses == {name: "succeeded" for name in expected} | ({"node-7": "lost"} if change == "death" else {})

@@ -27,8 +27,9 @@ from launcher.protocol.control import ControlWatch, StopRequest
 from launcher.protocol.store import WorkDir
 
 DECISION_KEY = "rendezvous.json"
-PROGRESS_EVERY_SECONDS = 30.0  # while waiting, who is missing is said at least this often
+PROGRESS_EVERY_SECONDS = 30.0  # while waiting, who is missing is said at most this often (at a listing)
 NODES_PREFIX = "nodes"
+LISTERS = 32  # a waiting run's nodes together list the registrations about this many times per base interval
 
 
 class RendezvousError(Exception):
@@ -116,7 +117,8 @@ class Decision:
 
 @dataclass
 class PollPolicy:
-    """Waiting costs: a GET of the decision per poll, a LIST of the nodes every ``list_every`` seconds."""
+    """Waiting costs: a GET of the decision per poll, a LIST of ``control/`` every ``list_every`` seconds and a LIST
+    of the registrations every :meth:`list_interval` seconds."""
 
     initial: float = 0.5
     factor: float = 1.5
@@ -130,6 +132,15 @@ class PollPolicy:
         """Object stores: the defaults, which bound the request rate. A local directory costs a
         system call per poll, so it is polled faster (nodes on one machine or a shared file system)."""
         return cls(initial=0.02, factor=1.5, cap=0.1, list_every=2.0) if store.is_local else cls()
+
+    def list_interval(self, nodes: int, base: float | None = None) -> float:
+        """Seconds until a waiting node of a run of ``nodes`` lists the registrations again: ``base`` (default
+        ``list_every``) up to LISTERS nodes, longer in proportion beyond. Each listing reads every registration, so
+        a fixed interval would make the run read N x N entries per interval; this way its nodes together make about
+        LISTERS listings per ``base``, linear work in N. Jittered, so that the nodes' listings stay spread out and
+        one of them lists soon after any moment (a last registrant that died before deciding is covered)."""
+        base = self.list_every if base is None else base
+        return base * max(1.0, nodes / LISTERS) * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
 
     def delays(self):
         delay = self.initial
@@ -180,14 +191,19 @@ def _accept(decision: Decision, me: Registration) -> Decision:
 def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *, timeout: float,
                    policy: PollPolicy | None = None,
                    progress: Callable[[list[str], list[str], float], None] | None = None) -> Decision:
-    """Register ``me`` and return the run's decision once there is one; raise on timeout or cancel."""
+    """Register ``me`` and return the run's decision once there is one; raise on timeout or cancel.
+
+    The registrations are listed right after registering (the last node to register decides without waiting),
+    then every ``policy.list_interval(N)`` seconds; ``control/`` every ``policy.list_every`` seconds, whatever N,
+    so that a cancel or a peer's failure is noticed as fast in a large run. ``progress`` hears what a listing
+    showed, with the time it was made, when it changed or PROGRESS_EVERY_SECONDS after the last report."""
     policy = policy or PollPolicy.for_store(store)
     control = ControlWatch(store, me.name)
     register(store, me)
     started = time.monotonic()
     deadline = started + timeout
-    next_list = started  # list at once: the last node to register decides without waiting
-    next_progress = started + PROGRESS_EVERY_SECONDS
+    next_list = next_control = started  # at once: the last node to register decides without waiting
+    next_progress = started
     seen: tuple[list[str], list[str]] | None = None
     expected_set = set(expected)
     for delay in policy.delays():
@@ -196,14 +212,16 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
             return _accept(Decision.from_bytes(data), me)
         now = time.monotonic()
         timed_out = now >= deadline
-        if now >= next_list or timed_out:
-            next_list = now + policy.list_every
-            stop = None if timed_out else control.check(force=True)  # at the deadline, the timeout is the cause
+        if now >= next_control and not timed_out:  # at the deadline, the timeout is the cause
+            next_control = now + policy.list_every
+            stop = control.check(force=True)
             if stop is not None:
                 raise RendezvousStopped(stop)
+        if now >= next_list or timed_out:
+            next_list = now + policy.list_interval(len(expected))
             registered = _registered(store, expected_set)
             missing = [name for name in expected if name not in registered]
-            if progress and seen != (sorted(registered), missing):
+            if progress and (seen != (sorted(registered), missing) or now >= next_progress):
                 seen = (sorted(registered), missing)
                 next_progress = now + PROGRESS_EVERY_SECONDS
                 progress(*seen, now - started)
@@ -211,9 +229,6 @@ def await_decision(store: WorkDir, me: Registration, expected: Sequence[str], *,
                 return _accept(_publish(store, registered, expected), me)
             if timed_out:
                 raise RendezvousTimeout(missing, len(registered), len(expected), timeout)
-        if progress and seen and now >= next_progress:  # still waiting: say so, with the last listing
-            next_progress = now + PROGRESS_EVERY_SECONDS
-            progress(*seen, now - started)
         time.sleep(min(delay, max(0.0, deadline - time.monotonic()) + 0.01))
     raise AssertionError("unreachable")
 

@@ -25,6 +25,7 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Callable, Collection, Sequence
 
 from launcher.protocol.rendezvous import (Decision, Listed, PollPolicy, Registration, RendezvousError,
@@ -138,10 +139,13 @@ class Rounds:
     def end_for(store: WorkDir, number: int, end: RoundEnd) -> None:
         store.put(end_key(number, end), json.dumps(asdict(end)).encode())
 
-    def ends(self, number: int) -> list[RoundEnd]:
+    def ends(self, number: int, *kinds: str) -> list[RoundEnd]:
+        """Round ``number``'s end records, of ``kinds`` only when given: the kind is in the key, so the others
+        are not read (a round a crash ended may hold a peer end from every member)."""
         prefix = f"{ROUNDS_PREFIX}/{round_name(number)}/end"
+        suffixes = tuple(f".{kind}.json" for kind in kinds) or (".json",)
         return [RoundEnd.from_record(self.store.get_record(f"{prefix}/{name}")) for name in self.store.list(prefix)
-                if name.endswith(".json")]
+                if name.endswith(suffixes)]
 
     def ended(self, number: int, members: Collection[str] = ()) -> bool:
         """Whether round ``number`` has ended: any end record but a leave by a node that is not a member."""
@@ -176,11 +180,15 @@ class Rounds:
 
     def _await(self, number: int, me: Registration, deadline: float, control: ControlWatch | None,
                poll: PollPolicy) -> Round:
+        """Wait for round ``number``'s decision, or make it. The registrations are listed right after registering
+        (the last node to register decides at once), then every ``poll.list_interval(N, settle / 2)`` seconds:
+        a listing reads all N registrations, so listing at every poll made the run's work grow with N squared,
+        while this makes it linear. A decision by settling comes up to one such interval after the settle time."""
         previous = self.read(number - 1) if number > 0 else None
         expected = self._expected(number, previous)
         settle = self.timing.first_settle if number == 0 else self.timing.settle
         seen: frozenset[str] = frozenset()
-        changed = began = self.clock()
+        changed = began = next_list = self.clock()
         for delay in poll.delays():
             data = self.store.get(decision_key(number))
             if data is not None:
@@ -188,21 +196,23 @@ class Rounds:
             now = self.clock()
             if control is not None and (stop := control.check()) is not None:
                 raise RendezvousStopped(stop)
-            registered = self._registered(number)
-            if previous is not None and previous.decision and self._all_succeeded(previous.members):
-                raise RunOver(f"round {previous.number} finished training before this node could join")
-            if frozenset(registered) != seen:
-                seen, changed = frozenset(registered), now
-            if self._ready(number, registered, expected, now - changed >= settle, now - began):
-                for name in self._leaving(number):  # asked once it is ready: the end records take a LIST
-                    registered.pop(name, None)
+            if now >= next_list or now >= deadline:
+                registered = self._registered(number)
+                next_list = now + poll.list_interval(max(len(expected), len(registered)), settle / 2)
+                if previous is not None and previous.decision and self._all_succeeded(previous.members, registered):
+                    raise RunOver(f"round {previous.number} finished training before this node could join")
+                if frozenset(registered) != seen:
+                    seen, changed = frozenset(registered), now
                 if self._ready(number, registered, expected, now - changed >= settle, now - began):
-                    return self._publish(number, registered, previous)
-            if now >= deadline:
-                missing = [name for name in node_names.rank_order(self.order, self.grows, expected)
-                           if name not in registered]
-                raise RendezvousTimeout(missing, len(registered), max(self.policy.min_nodes, len(expected)),
-                                        deadline - changed)
+                    for name in self._leaving(number):  # asked once it is ready: the end records take a LIST
+                        registered.pop(name, None)
+                    if self._ready(number, registered, expected, now - changed >= settle, now - began):
+                        return self._publish(number, registered, previous)
+                if now >= deadline:
+                    missing = [name for name in node_names.rank_order(self.order, self.grows, expected)
+                               if name not in registered]
+                    raise RendezvousTimeout(missing, len(registered), max(self.policy.min_nodes, len(expected)),
+                                            deadline - changed)
             time.sleep(delay)
 
     def _ready(self, number: int, registered: dict[str, Listed], expected: set[str], settled: bool,
@@ -217,7 +227,7 @@ class Rounds:
         one more torchrun start for everyone. Read anew each time: the lost record may come after the survivors."""
         if number == 0 or waited >= self.policy.replacement_wait:
             return False
-        return any(end.kind == LOST and end.replaced and end.node not in registered for end in self.ends(number - 1))
+        return any(end.replaced and end.node not in registered for end in self.ends(number - 1, LOST))
 
     def _leaving(self, number: int) -> set[str]:
         """Nodes that left on request while waiting in round ``number``: none of them is taken in."""
@@ -225,8 +235,12 @@ class Rounds:
         return {name[:-len(suffix)] for name in self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/end")
                 if name.endswith(suffix)}
 
-    def _all_succeeded(self, members: list[str]) -> bool:
-        """Every member ended well (those that left on request included) and one at least trained to the end."""
+    def _all_succeeded(self, members: list[str], registered: Collection[str]) -> bool:
+        """Every member ended well (those that left on request included) and one at least trained to the end. A
+        member registered for the next round did not (its round ended otherwise): then no status is read, a GET per
+        member that every waiting node would make at each listing."""
+        if any(name in registered for name in members):
+            return False
         states = [self.store.get_record(status_key(name)).get("state") for name in members]
         return "succeeded" in states and all(state in ("succeeded", LEFT) for state in states)
 
@@ -235,21 +249,29 @@ class Rounds:
         members that neither left nor were lost, or were lost and are being replaced (see _awaits_replacement)."""
         if previous is None:
             return set(self.order)
-        gone = {end.node for end in self.ends(number - 1)
-                if end.kind == LEAVE or (end.kind == LOST and not end.replaced)}
+        gone = {end.node for end in self.ends(number - 1, LEAVE, LOST) if end.kind == LEAVE or not end.replaced}
         return set(previous.members) - gone
 
     def _registered(self, number: int) -> dict[str, Listed]:
         registered: dict[str, Listed] = {}
         for entry in self.store.list(f"{ROUNDS_PREFIX}/{round_name(number)}/nodes"):
             listed = parse_node_key(entry)
-            if listed is None or not node_names.rank_order(self.order, self.grows, [listed.name]):
+            if listed is None or not self._is_node(listed.name):
                 continue
             held = registered.get(listed.name)
             # a name twice (a node and its replacement): the newer start, whatever the listing's order
             if held is None or self._incarnation(number, listed) >= self._incarnation(number, held):
                 registered[listed.name] = listed
         return registered
+
+    @cached_property
+    def _names(self) -> frozenset[str]:
+        return frozenset(self.order)
+
+    def _is_node(self, name: str) -> bool:
+        """Whether ``name`` is one of the run's nodes, as node_names.rank_order decides it, for one name: that
+        called per listed entry scanned the whole order, N x N steps for a listing of N registrations."""
+        return name in self._names or (self.grows is not None and node_names.number_in(self.grows, name) is not None)
 
     def _incarnation(self, number: int, listed: Listed) -> int:
         """Which start of its node a registration of round ``number`` is (its body says; 0 where it does not)."""
