@@ -10,16 +10,27 @@ events, log chunks and health record, by the protocol's own writers); the client
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from common import scratch_dir
 
+from launcher.commands.watch import follow
+from launcher.protocol.logship import LogShipper
+from launcher.protocol.status import StatusRecord
+from launcher.protocol.store import WorkDir
 from launcher.runs import state
+
+HEARTBEAT_SECONDS = 10.0  # the node's status heartbeat
 
 COMMANDS = {"status": ["status"], "status --json": ["status", "--json"], "watch --no-follow": ["watch", "--no-follow"],
             "timeline": ["timeline"], "timeline -o x.svg": ["timeline", "-o", "{dir}/x.svg"]}
@@ -63,14 +74,129 @@ def time_once(argv: list[str], env: dict[str, str]) -> dict:
             "exit": proc.returncode}
 
 
+def write_live(url: str, nodes: int, seconds: float) -> None:
+    """The nodes of a running run as the follower sees them: each node's status record (running, heartbeats) and
+    its log shipper with a line a second, for ``seconds``; then each node's final status. Prints the lines shipped."""
+    store = WorkDir(url)
+    names = [f"node-{i}" for i in range(nodes)]
+    statuses = [StatusRecord(store, name, "live") for name in names]
+    for rank, status in enumerate(statuses):
+        status.update(state="running", rank=rank)
+    shippers = [LogShipper(store, name).start() for name in names]
+    print("ready", flush=True)
+    ends = time.monotonic() + seconds
+    next_heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+    lines = 0
+    while time.monotonic() < ends:
+        started = time.monotonic()
+        for rank, shipper in enumerate(shippers):
+            shipper.add_many([("out", f"step {lines // nodes + 1} at {time.time():.3f}", rank)])
+            lines += 1
+        if started >= next_heartbeat:
+            for status in statuses:
+                status.heartbeat()
+            next_heartbeat = started + HEARTBEAT_SECONDS
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+    for shipper in shippers:
+        shipper.close()
+    for status in statuses:
+        status.update(state="succeeded", exit_code=0)
+    print(json.dumps({"lines": lines}), flush=True)
+
+
+class _Shown(io.TextIOBase):
+    """The follower's output, kept only as counts: lines per node in order, and each line's delay after it was
+    written (its text carries its time)."""
+
+    LINE = re.compile(r"^\[(\S+)\s*r\d+\] step (\d+) at (\S+)$")
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.out_of_order = 0
+        self.delays: list[float] = []
+        self._last: dict[str, int] = {}
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        now = time.time()
+        for line in text.splitlines():
+            found = self.LINE.match(line)
+            if found:
+                node, step, at = found.group(1), int(found.group(2)), float(found.group(3))
+                self.out_of_order += step <= self._last.get(node, 0)
+                self._last[node] = step
+                self.lines += 1
+                self.delays.append(now - at)
+        return len(text)
+
+
+def follow_rate(nodes: int, seconds: float, home: Path) -> dict:
+    """`watch` following a run of ``nodes`` nodes that write a line a second each: the store operations the follower
+    makes per second, by kind (counted in this process, where it runs; the nodes write from another), its CPU
+    seconds, whether every line came once and in order, and the lines' delays."""
+    work_dir = home / "live"
+    names = [f"node-{i}" for i in range(nodes)]
+    os.environ["LAUNCHER_HOME"] = str(home)
+    info = state.RunInfo(run_id="live", backend="local", work_dir=str(work_dir), nodes=names,
+                         spec_file=str(home / "train.yaml"), spec_digest="0" * 12, created_at=time.time(),
+                         effective_spec={"kind": "distributed", "spec": {"name": "live"}})
+    state.save(info)
+    writer = subprocess.Popen([sys.executable, __file__, "--write", info.run_url, str(nodes), str(seconds)],
+                              stdout=subprocess.PIPE, text=True)
+    if writer.stdout.readline().strip() != "ready":
+        raise SystemExit("the writer did not start")
+    counts: Counter[tuple[int, str]] = Counter()
+    started = time.monotonic()
+    counted = WorkDir._call_heard
+
+    def counting(self, what, action, key=None):  # every store operation of this process: the follower's
+        op, _, key_ = what.partition(" ")  # e.g. "get status": the operation and the record kind
+        counts[(int(time.monotonic() - started), f"{op} {key_.split('/', 1)[0]}")] += 1
+        return counted(self, what, action, key)
+
+    shown = _Shown()
+    WorkDir._call_heard = counting
+    try:
+        cpu = time.thread_time()
+        follow(info, out=shown)
+        cpu = time.thread_time() - cpu
+    finally:
+        WorkDir._call_heard = counted
+    lines = json.loads(writer.stdout.read().splitlines()[-1])["lines"]
+    writer.wait()
+    window = range(2, int(seconds) - 1)  # whole seconds while every node writes, past the first listing
+    by_kind = Counter(kind for (second, kind), n in counts.items() if second in window for _ in range(n))
+    delays = sorted(shown.delays)
+    return {"nodes": nodes, "seconds": seconds, "requests_per_s": round(sum(by_kind.values()) / len(window), 1),
+            "by_kind_per_s": {kind: round(n / len(window), 1) for kind, n in sorted(by_kind.items())},
+            "follower_cpu_s": round(cpu, 2), "lines_written": lines, "lines_shown": shown.lines,
+            "out_of_order": shown.out_of_order, "delay_s": {"median": round(statistics.median(delays), 2),
+                                                           "p95": round(delays[int(len(delays) * 0.95)], 2),
+                                                           "max": round(delays[-1], 2)},
+            "load_average": [round(load, 2) for load in os.getloadavg()]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--train-seconds", type=float, default=5.0)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each command; the median is kept")
+    parser.add_argument("--follow-seconds", type=float, default=20.0, help="how long `watch` follows a live run")
+    parser.add_argument("--only-follow", action="store_true", help="measure only `watch` following")
+    parser.add_argument("--write", nargs=3, metavar=("URL", "NODES", "SECONDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    rows = []
+    if args.write:
+        write_live(args.write[0], int(args.write[1]), float(args.write[2]))
+        return
+    rows, follows = [], []
     for nodes in args.sizes:
+        followed = follow_rate(nodes, args.follow_seconds, scratch_dir(f"scale-follow-{nodes}-"))
+        follows.append(followed)
+        print(json.dumps(followed), flush=True)
+        if args.only_follow:
+            continue
         home = scratch_dir(f"scale-client-{nodes}-")
         info, simulated = make_run(nodes, args.train_seconds, home)
         print(json.dumps(simulated), flush=True)
@@ -85,7 +211,14 @@ def main() -> None:
     for row in rows:
         print(f"| {row['nodes']} | `{row['command']}` | {row['first_output_s']:.2f} s | {row['total_s']:.2f} s | "
               f"{row['cpu_s']:.2f} s | {row['peak_rss_mib']:.0f} MiB | {row['output_bytes']} B (exit {row['exit']}) |")
-    print(json.dumps({"client": rows}))
+    print("\n| nodes | requests/s following | by kind | follower CPU | lines shown / written | delay median, p95 |")
+    print("|---|---|---|---|---|---|")
+    for row in follows:
+        kinds = ", ".join(f"{kind} {n}" for kind, n in row["by_kind_per_s"].items())
+        print(f"| {row['nodes']} | {row['requests_per_s']} | {kinds} | {row['follower_cpu_s']:.1f} s in "
+              f"{row['seconds']:.0f} s | {row['lines_shown']} / {row['lines_written']} | "
+              f"{row['delay_s']['median']:.2f} s, {row['delay_s']['p95']:.2f} s |")
+    print(json.dumps({"client": rows, "follow": follows}))
 
 
 if __name__ == "__main__":

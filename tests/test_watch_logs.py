@@ -167,3 +167,63 @@ def test_a_local_follower_finds_new_chunks_by_name_without_listing_a_replacement
     replacement.flush()
     assert follower.poll() == 2
     assert out.getvalue().splitlines() == ["[a r0] first", "[a r0] second", "[a r0] third"]
+
+
+def _followed_run(tmp_path, nodes: int) -> tuple[RunInfo, dict[str, LogShipper]]:
+    """A run of ``nodes`` nodes on a local work dir, each with a log shipper (flushed by hand) and its first line."""
+    names = [f"n{i}" for i in range(nodes)]
+    info = RunInfo(run_id="r1", backend="local", work_dir=str(tmp_path / f"wd{nodes}"), nodes=names, spec_file="",
+                   spec_digest="", created_at=0)
+    shippers = {name: LogShipper(WorkDir(info.run_url), name) for name in names}
+    for rank, shipper in enumerate(shippers.values()):
+        shipper.add_many([("out", "line 0", rank)])
+        shipper.flush()
+    return info, shippers
+
+
+def _counting_gets(follower: LogFollower) -> list[int]:
+    """The follower's store, counting its reads: the list's last item is the count so far."""
+    counted, reads = follower.run.get, [0]
+
+    def get(key: str) -> bytes | None:
+        reads[-1] += 1
+        return counted(key)
+
+    follower.run.get = get
+    return reads
+
+
+def test_a_local_follower_looks_at_a_bounded_number_of_nodes_per_poll_whatever_their_number(tmp_path):
+    """Issue 41: following 64 nodes costs no more reads a poll than following 8; each node is still looked at."""
+    totals = {}
+    for nodes in (8, 64):
+        info, _ = _followed_run(tmp_path, nodes)
+        follower = LogFollower(info, io.StringIO(), probes_per_second=80)  # 4 nodes per poll of 0.05 s
+        assert follower.poll() == nodes  # the first poll lists: every node's first line
+        reads = _counting_gets(follower)
+        for _ in range(40):  # nothing written: every look is a failed open
+            reads.append(0)
+            follower.poll()
+        assert max(reads) <= 4, reads
+        totals[nodes] = sum(reads)
+    assert totals[64] <= totals[8] + 4, totals
+
+
+def test_a_bounded_follower_shows_every_line_once_in_order_per_node(tmp_path):
+    info, shippers = _followed_run(tmp_path, 64)
+    out = io.StringIO()
+    follower = LogFollower(info, out, probes_per_second=80)
+    written = {name: ["line 0"] for name in shippers}
+    for poll in range(1, 60):
+        for index, (name, shipper) in enumerate(shippers.items()):
+            if (index * 7 + poll) % (1 + index % 5) == 0:  # nodes writing at different paces, some every poll
+                written[name].append(f"line {poll}")
+                shipper.add_many([("out", f"line {poll}", index)])
+                shipper.flush()
+        follower.poll()
+    follower.poll(final=True)
+    shown: dict[str, list[str]] = {}
+    for line in out.getvalue().splitlines():
+        node, _rank, text = PREFIX.match(line).groups()
+        shown.setdefault(node, []).append(text)
+    assert shown == written
