@@ -34,6 +34,7 @@ PROBES_PER_SECOND = 640  # a local work dir: nodes looked at for their next chun
 IDLE_SECONDS = 2.0  # the longest a node that wrote nothing waits to be looked at again, however many nodes
 VIEW_SECONDS = 0.25  # the run's state: statuses, markers, the backend's processes
 VIEW_RECORDS_PER_SECOND = 256  # a view reads each node's status: a run of more nodes is viewed less often
+HEALTH_RECORDS_PER_SECOND = 64  # straggler notices: each node's health record, read less often in a run of more
 VIEW_PREFIXES = (STATUS_PREFIX, CONTROL_PREFIX)  # a local work dir's records that change the view when written
 LOOK_BACK_FACTOR = 20  # a filtered start (start_at_newest) reads at most this many times the lines it wants
 COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92)
@@ -314,7 +315,7 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
     engine_said: str | None = None
-    stragglers = StragglerNotices(every=max(SAMPLE_SECONDS, len(info.nodes) / VIEW_RECORDS_PER_SECOND))
+    stragglers = StragglerNotices(every=max(SAMPLE_SECONDS, len(info.nodes) / HEALTH_RECORDS_PER_SECOND))
     unwritable = False  # the work dir refused the lost nodes' records once: they are derived, not tried again
     next_view = viewed = 0.0
     stamp = None
