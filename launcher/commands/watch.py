@@ -80,7 +80,8 @@ class LogFollower:
     A node's chunks are found by one listing at first; after that, on a local work dir, by
     the name each chunk gives its successor (:func:`next_chunk_name`), and on object stores by a
     listing per poll. By name, polls look at no more than ``probes_per_second`` nodes a second in
-    all, those due longest first: a node that wrote is due again at the next poll, one that wrote
+    all (a poll that comes late, after a slow view, may look at more, up to a second's worth), those
+    due longest first: a node that wrote is due again at the next poll, one that wrote
     nothing waits twice as long each time, up to the time in which the bound allows looking at
     every node (none while it allows every node every poll; at most :data:`IDLE_SECONDS`). So
     following costs a failed open per node looked at, a bounded number a second however many
@@ -90,7 +91,7 @@ class LogFollower:
 
     def __init__(self, info: RunInfo, out: TextIO, *, nodes: list[str] | None = None, since: float | None = None,
                  tail: int | None = None, verbose: bool = False, url: str | None = None,
-                 probes_per_second: int = PROBES_PER_SECOND):
+                 probes_per_second: int = PROBES_PER_SECOND, clock: Callable[[], float] = time.monotonic):
         unknown = sorted(set(nodes or ()) - set(info.nodes))
         if unknown:
             raise BadInput(f"no node {', '.join(unknown)} in run {info.run_id}; nodes: {', '.join(info.nodes)}")
@@ -102,7 +103,10 @@ class LogFollower:
         self.run = reading_work_dir(url) if url else open_run(info)  # url: an earlier attempt's namespace
         self.by_name = self.run.is_local
         self.poll_seconds = LOCAL_POLL_SECONDS if self.by_name else STORE_POLL_SECONDS
-        self.probes = max(1, round(probes_per_second * self.poll_seconds))  # nodes looked at by name per poll
+        self.probes_per_second = probes_per_second
+        self.probes = max(1, round(probes_per_second * self.poll_seconds))  # looks per poll, polls on time
+        self.clock = clock
+        self._allowance, self._allowed_at = float(self.probes), clock()  # looks allowed now, and since when
         self._polls = 0  # polls so far: the clock of the nodes' turns
         self._cursors = {node: _Cursor() for node in self.nodes}
         self.colour = out.isatty()
@@ -183,11 +187,17 @@ class LogFollower:
             read = True
             yield data
 
-    def _looked_at(self, by_name: list[str]) -> set[str]:
-        """Of the nodes whose next chunk is looked for by name, those due, the longest due first, as many as a
-        poll allows."""
-        return set(heapq.nsmallest(self.probes, (node for node in by_name if self._cursors[node].due <= self._polls),
-                                   key=lambda node: self._cursors[node].due))
+    def _looked_at(self, by_name: set[str]) -> set[str]:
+        """Of the nodes whose next chunk is looked for by name, those due, the longest due first, as many as the
+        looks allowed since the last poll (``probes_per_second`` accrue each second, at most a second's worth)."""
+        now = self.clock()
+        self._allowance = min(max(self.probes, self.probes_per_second),
+                              self._allowance + (now - self._allowed_at) * self.probes_per_second)
+        self._allowed_at = now
+        due = (node for node in by_name if self._cursors[node].due <= self._polls)
+        chosen = heapq.nsmallest(int(self._allowance), due, key=lambda node: (self._cursors[node].due, self._order[node]))
+        self._allowance -= len(chosen)
+        return set(chosen)
 
     def _records(self, node: str, chunks: Iterable[bytes]) -> Iterator[tuple[float, int, int, str, dict]]:
         """The lines this follower shows (torchrun's own only with -v), as records in time order."""
@@ -214,7 +224,7 @@ class LogFollower:
             if cursor.seq == 0 and node not in listing:  # nothing written yet: its first chunk's name is known
                 cursor.name = chunk_name(0, 0.0)
         self._polls += 1
-        named = [node for node in self.nodes if by_name and self._cursors[node].name is not None]
+        named = {node for node in self.nodes if by_name and self._cursors[node].name is not None}
         looked_at = self._looked_at(named)
         streams = []
         for node in self.nodes:
