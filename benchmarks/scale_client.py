@@ -1,10 +1,14 @@
 """The client on a run of N nodes: `status`, `status --json`, `watch --no-follow`, `timeline` and `timeline -o x.svg`,
-each timed to its first output and to its end, with its peak memory.
+each timed to its first output and to its end, with its peak memory; `watch` following a run still writing, its
+store requests a second counted; the ui's run page, over HTTP and drawn in headless chromium.
 
-The run's work dir is a local one written by benchmarks/scale.py (every node's registration, status record,
-events, log chunks and health record, by the protocol's own writers); the client's run record is written here.
+The finished run's work dir is a local one written by benchmarks/scale.py (every node's registration, status
+record, events, log chunks and health record, by the protocol's own writers), or one it kept (--kept); the
+client's run record is written here. The run that `watch` follows is written by a process of this script: each
+node's status record and log shipper, a line a second. The figures are printed as one JSON line, last.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/scale_client.py [--sizes 64 256 1024] [--train-seconds 5]
+        [--parts commands follow ui browser] [--kept 1024=DIR]
 """
 
 from __future__ import annotations
@@ -191,8 +195,8 @@ def write_live(url: str, nodes: int, seconds: float) -> None:
 
 
 class _Shown(io.TextIOBase):
-    """The follower's output, kept only as counts: lines per node in order, and each line's delay after it was
-    written (its text carries its time)."""
+    """The follower's output, not kept: the lines shown, those out of order for their node, and each line's delay
+    after it was written (its text carries its time)."""
 
     LINE = re.compile(r"^\[(\S+)\s*r\d+\] step (\d+) at (\S+)$")
 
