@@ -221,7 +221,7 @@ def test_a_training_runs_log_lines_arrive_and_cancel_after_confirming_ends_it(ru
     assert f"run {runs['training']} (local): cancelled" in done.stdout
 
 
-def test_a_run_of_many_nodes_shows_those_in_trouble_first_and_the_rest_when_asked(tmp_path, browser):
+def test_a_run_of_many_nodes_shows_those_in_trouble_first_and_the_rest_when_asked(tmp_path, browser, monkeypatch):
     """Issue 41: a page of 60 nodes draws 25 rows, the failed and lost ones first, a count per state, and every
     row once asked for."""
     from launcher.protocol.status import StatusRecord
@@ -232,11 +232,8 @@ def test_a_run_of_many_nodes_shows_those_in_trouble_first_and_the_rest_when_aske
     info = state.RunInfo(run_id="many", backend="local", work_dir=str(tmp_path / "wd"), nodes=names, spec_file="",
                          spec_digest="0" * 12, created_at=0, effective_spec={"kind": "distributed", "spec": {}})
     home = tmp_path / "home"
-    os.environ["LAUNCHER_HOME"] = str(home)
-    try:
-        state.save(info)
-    finally:
-        del os.environ["LAUNCHER_HOME"]
+    monkeypatch.setenv("LAUNCHER_HOME", str(home))  # this test's own: the module's runs are not in it
+    state.save(info)
     store = WorkDir(info.run_url)
     for rank, name in enumerate(names):
         ended = {"n41": ("failed", 1), "n57": ("lost", None)}.get(name, ("running", None))

@@ -210,6 +210,17 @@ def test_a_local_follower_looks_at_a_bounded_number_of_nodes_a_second_whatever_t
     assert totals[64] <= totals[8] + 4, totals
 
 
+def test_a_follower_given_no_bound_looks_at_every_node_each_poll(tmp_path):
+    """The ui's log page reads once per question, with a follower made for it: every node's new lines, at once."""
+    info, shippers = _followed_run(tmp_path, 64)
+    follower = LogFollower(info, io.StringIO())
+    assert follower.poll() == 64
+    for rank, shipper in enumerate(shippers.values()):
+        shipper.add_many([("out", "line 1", rank)])
+        shipper.flush()
+    assert follower.poll() == 64
+
+
 def test_a_bounded_follower_shows_every_line_once_in_order_per_node(tmp_path):
     info, shippers = _followed_run(tmp_path, 64)
     out = io.StringIO()

@@ -30,7 +30,7 @@ from launcher.runs.view import (RunView, closing_line, not_recorded_note, open_r
 
 LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per node looked at
 STORE_POLL_SECONDS = 0.25  # object stores: one LIST per poll
-PROBES_PER_SECOND = 640  # a local work dir: nodes looked at for their next chunk, at most, whatever their number
+PROBES_PER_SECOND = 640  # `watch` on a local work dir: nodes looked at for a next chunk, at most, whatever their number
 IDLE_SECONDS = 2.0  # the longest a node that wrote nothing waits to be looked at again, however many nodes
 VIEW_SECONDS = 0.25  # the run's state: statuses, markers, the backend's processes
 VIEW_RECORDS_PER_SECOND = 256  # a view reads each node's status: a run of more nodes is viewed less often
@@ -79,11 +79,12 @@ class LogFollower:
     at most :data:`MAX_CHUNK_LINES` lines), so at most one chunk per node is held at once.
     A node's chunks are found by one listing at first; after that, on a local work dir, by
     the name each chunk gives its successor (:func:`next_chunk_name`), and on object stores by a
-    listing per poll. By name, polls look at no more than ``probes_per_second`` nodes a second in
-    all (a poll that comes late, after a slow view, may look at more, up to a second's worth), those
-    due longest first: a node that wrote is due again at the next poll, one that wrote
+    listing per poll. By name, each poll looks at every node; or, given ``probes_per_second`` (a
+    follower that polls on, as ``watch`` does), polls look at no more nodes than that a second in
+    all (a poll that comes late, after a slow view, may look at more, up to a second's worth),
+    those due longest first: a node that wrote is due again at the next poll, one that wrote
     nothing waits twice as long each time, up to the time in which the bound allows looking at
-    every node (none while it allows every node every poll; at most :data:`IDLE_SECONDS`). So
+    every node (no wait while it allows every node every poll; at most :data:`IDLE_SECONDS`). So
     following costs a failed open per node looked at, a bounded number a second however many
     nodes the run has, and a read per chunk written; a line waits longer only in runs of more
     nodes than the bound allows each poll. The last poll (``final``) lists, and reads what is left.
@@ -91,7 +92,7 @@ class LogFollower:
 
     def __init__(self, info: RunInfo, out: TextIO, *, nodes: list[str] | None = None, since: float | None = None,
                  tail: int | None = None, verbose: bool = False, url: str | None = None,
-                 probes_per_second: int = PROBES_PER_SECOND, clock: Callable[[], float] = time.monotonic):
+                 probes_per_second: int | None = None, clock: Callable[[], float] = time.monotonic):
         unknown = sorted(set(nodes or ()) - set(info.nodes))
         if unknown:
             raise BadInput(f"no node {', '.join(unknown)} in run {info.run_id}; nodes: {', '.join(info.nodes)}")
@@ -104,7 +105,8 @@ class LogFollower:
         self.by_name = self.run.is_local
         self.poll_seconds = LOCAL_POLL_SECONDS if self.by_name else STORE_POLL_SECONDS
         self.probes_per_second = probes_per_second
-        self.probes = max(1, round(probes_per_second * self.poll_seconds))  # looks per poll, polls on time
+        self.probes = (len(self.nodes) if probes_per_second is None  # looks per poll, polls on time
+                       else max(1, round(probes_per_second * self.poll_seconds)))
         self.clock = clock
         self._allowance, self._allowed_at = float(self.probes), clock()  # looks allowed now, and since when
         self._polls = 0  # polls so far: the clock of the nodes' turns
@@ -190,12 +192,15 @@ class LogFollower:
     def _looked_at(self, by_name: set[str]) -> set[str]:
         """Of the nodes whose next chunk is looked for by name, those due, the longest due first, as many as the
         looks allowed since the last poll (``probes_per_second`` accrue each second, at most a second's worth)."""
+        if self.probes_per_second is None:
+            return by_name
         now = self.clock()
         self._allowance = min(max(self.probes, self.probes_per_second),
                               self._allowance + (now - self._allowed_at) * self.probes_per_second)
         self._allowed_at = now
-        due = (node for node in by_name if self._cursors[node].due <= self._polls)
-        chosen = heapq.nsmallest(int(self._allowance), due, key=lambda node: (self._cursors[node].due, self._order[node]))
+        due = ((self._cursors[node].due, self._order[node], node) for node in by_name
+               if self._cursors[node].due <= self._polls)
+        chosen = [node for *_, node in heapq.nsmallest(int(self._allowance), due)]
         self._allowance -= len(chosen)
         return set(chosen)
 
@@ -321,7 +326,8 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
             since: float | None, tail: int | None, keep_following: bool, verbose: bool, out: TextIO) -> int:
     backend = backend or backend_for(info.backend, "local")
     _earlier_attempts(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
-    follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
+    follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose,
+                           probes_per_second=PROBES_PER_SECOND)
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
     engine_said: str | None = None
@@ -351,7 +357,8 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
             if current_url(info) != follower.run.url:  # the run was started again, as a new attempt
                 follower.poll(final=True)  # the last lines of the attempt that ended
                 out.write(started_line(info) + "\n")
-                follower, states = LogFollower(info, out, nodes=nodes, verbose=verbose), {}
+                follower, states = LogFollower(info, out, nodes=nodes, verbose=verbose,
+                                               probes_per_second=PROBES_PER_SECOND), {}
             refused = None if unwritable or not view.lost else record_lost(view, follower.run)
             if refused:
                 unwritable = True
