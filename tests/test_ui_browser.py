@@ -219,3 +219,36 @@ def test_a_training_runs_log_lines_arrive_and_cancel_after_confirming_ends_it(ru
     assert f"run {runs['training']} cancelled: cancelled by user" in _text(browser, "#summary")
     done = run_cli("status", runs["training"], env={**os.environ, "LAUNCHER_HOME": str(runs["home"])})
     assert f"run {runs['training']} (local): cancelled" in done.stdout
+
+
+def test_a_run_of_many_nodes_shows_those_in_trouble_first_and_the_rest_when_asked(tmp_path, browser, monkeypatch):
+    """Issue 41: a page of 60 nodes draws 25 rows, the failed and lost ones first, a count per state, and every
+    row once asked for."""
+    from launcher.protocol.status import StatusRecord
+    from launcher.protocol.store import WorkDir
+    from launcher.runs import state
+
+    names = [f"n{i:02d}" for i in range(60)]
+    info = state.RunInfo(run_id="many", backend="local", work_dir=str(tmp_path / "wd"), nodes=names, spec_file="",
+                         spec_digest="0" * 12, created_at=0, effective_spec={"kind": "distributed", "spec": {}})
+    home = tmp_path / "home"
+    monkeypatch.setenv("LAUNCHER_HOME", str(home))  # this test's own: the module's runs are not in it
+    state.save(info)
+    store = WorkDir(info.run_url)
+    for rank, name in enumerate(names):
+        ended = {"n41": ("failed", 1), "n57": ("lost", None)}.get(name, ("running", None))
+        StatusRecord(store, name, "many").update(state=ended[0], exit_code=ended[1], rank=rank)
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "ui", "--no-browser"], text=True,
+                            stdout=subprocess.PIPE, env={**os.environ, "LAUNCHER_HOME": str(home)})
+    try:
+        browser.get(proc.stdout.readline().split(": ", 1)[1].strip().replace("/?", "/runs/many?"))
+        _wait(browser, lambda d: len(_node_states(d)) == 25, "the first 25 rows")
+        shown = list(_node_states(browser).items())
+        assert shown[:2] == [("n41", "failed"), ("n57", "lost")] and [n for n, _ in shown[2:5]] == ["n00", "n01", "n02"]
+        assert _text(browser, "#node-counts") == "58 running, 1 failed, 1 lost"
+        browser.execute_script("document.getElementById('fold-nodes').click()")
+        _wait(browser, lambda d: len(_node_states(d)) == 60, "every row, once asked for")
+        assert _text(browser, "#fold-nodes") == "show the first 25"
+    finally:
+        proc.terminate()
+        proc.wait(30)

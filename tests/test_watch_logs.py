@@ -167,3 +167,77 @@ def test_a_local_follower_finds_new_chunks_by_name_without_listing_a_replacement
     replacement.flush()
     assert follower.poll() == 2
     assert out.getvalue().splitlines() == ["[a r0] first", "[a r0] second", "[a r0] third"]
+
+
+def _followed_run(tmp_path, nodes: int) -> tuple[RunInfo, dict[str, LogShipper]]:
+    """A run of ``nodes`` nodes on a local work dir, each with a log shipper (flushed by hand) and its first line."""
+    names = [f"n{i}" for i in range(nodes)]
+    info = RunInfo(run_id="r1", backend="local", work_dir=str(tmp_path / f"wd{nodes}"), nodes=names, spec_file="",
+                   spec_digest="", created_at=0)
+    shippers = {name: LogShipper(WorkDir(info.run_url), name) for name in names}
+    for rank, shipper in enumerate(shippers.values()):
+        shipper.add_many([("out", "line 0", rank)])
+        shipper.flush()
+    return info, shippers
+
+
+def _counting_gets(follower: LogFollower) -> list[int]:
+    """The follower's store, counting its reads (the list's one item)."""
+    counted, reads = follower.run.get, [0]
+
+    def get(key: str) -> bytes | None:
+        reads[0] += 1
+        return counted(key)
+
+    follower.run.get = get
+    return reads
+
+
+def test_a_local_follower_looks_at_a_bounded_number_of_nodes_a_second_whatever_their_number(tmp_path):
+    """Issue 41: following 64 nodes costs no more reads a second than following 8."""
+    totals = {}
+    for nodes in (8, 64):
+        info, _ = _followed_run(tmp_path, nodes)
+        now = [0.0]
+        follower = LogFollower(info, io.StringIO(), probes_per_second=80, clock=lambda: now[0])  # 4 per 0.05 s
+        assert follower.poll() == nodes  # the first poll lists: every node's first line
+        reads = _counting_gets(follower)
+        for _ in range(40):  # 2 s, nothing written: every look is a failed open
+            now[0] += follower.poll_seconds
+            follower.poll()
+        assert reads[0] <= 4 + 80 * 2, reads  # what was allowed at first, and 80 a second since
+        totals[nodes] = reads[0]
+    assert totals[64] <= totals[8] + 4, totals
+
+
+def test_a_follower_given_no_bound_looks_at_every_node_each_poll(tmp_path):
+    """The ui's log page reads once per question, with a follower made for it: every node's new lines, at once."""
+    info, shippers = _followed_run(tmp_path, 64)
+    follower = LogFollower(info, io.StringIO())
+    assert follower.poll() == 64
+    for rank, shipper in enumerate(shippers.values()):
+        shipper.add_many([("out", "line 1", rank)])
+        shipper.flush()
+    assert follower.poll() == 64
+
+
+def test_a_bounded_follower_shows_every_line_once_in_order_per_node(tmp_path):
+    info, shippers = _followed_run(tmp_path, 64)
+    out = io.StringIO()
+    now = [0.0]
+    follower = LogFollower(info, out, probes_per_second=80, clock=lambda: now[0])
+    written = {name: ["line 0"] for name in shippers}
+    for poll in range(1, 60):
+        now[0] += follower.poll_seconds
+        for index, (name, shipper) in enumerate(shippers.items()):
+            if (index * 7 + poll) % (1 + index % 5) == 0:  # nodes writing at different paces, some every poll
+                written[name].append(f"line {poll}")
+                shipper.add_many([("out", f"line {poll}", index)])
+                shipper.flush()
+        follower.poll()
+    follower.poll(final=True)
+    shown: dict[str, list[str]] = {}
+    for line in out.getvalue().splitlines():
+        node, _rank, text = PREFIX.match(line).groups()
+        shown.setdefault(node, []).append(text)
+    assert shown == written

@@ -17,6 +17,7 @@ from launcher.backends import backend_for
 from launcher.backends.base import Backend
 from launcher.errors import EXIT_OK, BadInput
 from launcher.protocol.control import CONTROL_PREFIX
+from launcher.protocol.health import SAMPLE_SECONDS
 from launcher.protocol.logship import LOGS_PREFIX, chunk_name, next_chunk_name, parse_chunk_name
 from launcher.protocol.status import STATUS_PREFIX
 from launcher.protocol.store import StoreError
@@ -27,9 +28,13 @@ from launcher.runs.state import RunInfo, reread, resolve_run
 from launcher.runs.view import (RunView, closing_line, not_recorded_note, open_run, outputs_dirs_note, read_view,
                                 record_lost)
 
-LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per node
+LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per node looked at
 STORE_POLL_SECONDS = 0.25  # object stores: one LIST per poll
+PROBES_PER_SECOND = 640  # `watch` on a local work dir: nodes looked at for a next chunk, at most, whatever their number
+IDLE_SECONDS = 2.0  # the longest a node that wrote nothing waits to be looked at again, however many nodes
 VIEW_SECONDS = 0.25  # the run's state: statuses, markers, the backend's processes
+VIEW_RECORDS_PER_SECOND = 256  # a view reads each node's status: a run of more nodes is viewed less often
+HEALTH_RECORDS_PER_SECOND = 64  # straggler notices: each node's health record, read less often in a run of more
 VIEW_PREFIXES = (STATUS_PREFIX, CONTROL_PREFIX)  # a local work dir's records that change the view when written
 LOOK_BACK_FACTOR = 20  # a filtered start (start_at_newest) reads at most this many times the lines it wants
 COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92)
@@ -61,6 +66,8 @@ class _Cursor:
     """Where a node's log stands for this reader: the next chunk's number, and its name once known."""
     seq: int = 0
     name: str | None = None  # known from the chunk before it: then it is read without a listing
+    due: int = 0  # the poll at which its next chunk is looked for by name
+    idle: int = 1  # the polls it waits after a look that found nothing: doubled each time, up to a bound
 
 
 class LogFollower:
@@ -71,12 +78,21 @@ class LogFollower:
     time, in order, and the nodes' streams are merged by time as they are read (a chunk holds
     at most :data:`MAX_CHUNK_LINES` lines), so at most one chunk per node is held at once.
     A node's chunks are found by one listing at first; after that, on a local work dir, by
-    the name each chunk gives its successor (:func:`next_chunk_name`), so a poll costs a failed
-    open per node however long the log, and on object stores by a listing per poll.
+    the name each chunk gives its successor (:func:`next_chunk_name`), and on object stores by a
+    listing per poll. By name, each poll looks at every node; or, given ``probes_per_second`` (a
+    follower that polls on, as ``watch`` does), polls look at no more nodes than that a second in
+    all (a poll that comes late, after a slow view, may look at more, up to a second's worth),
+    those due longest first: a node that wrote is due again at the next poll, one that wrote
+    nothing waits twice as long each time, up to the time in which the bound allows looking at
+    every node (no wait while it allows every node every poll; at most :data:`IDLE_SECONDS`). So
+    following costs a failed open per node looked at, a bounded number a second however many
+    nodes the run has, and a read per chunk written; a line waits longer only in runs of more
+    nodes than the bound allows each poll. The last poll (``final``) lists, and reads what is left.
     """
 
     def __init__(self, info: RunInfo, out: TextIO, *, nodes: list[str] | None = None, since: float | None = None,
-                 tail: int | None = None, verbose: bool = False, url: str | None = None):
+                 tail: int | None = None, verbose: bool = False, url: str | None = None,
+                 probes_per_second: int | None = None, clock: Callable[[], float] = time.monotonic):
         unknown = sorted(set(nodes or ()) - set(info.nodes))
         if unknown:
             raise BadInput(f"no node {', '.join(unknown)} in run {info.run_id}; nodes: {', '.join(info.nodes)}")
@@ -88,6 +104,12 @@ class LogFollower:
         self.run = reading_work_dir(url) if url else open_run(info)  # url: an earlier attempt's namespace
         self.by_name = self.run.is_local
         self.poll_seconds = LOCAL_POLL_SECONDS if self.by_name else STORE_POLL_SECONDS
+        self.probes_per_second = probes_per_second
+        self.probes = (len(self.nodes) if probes_per_second is None  # looks per poll, polls on time
+                       else max(1, round(probes_per_second * self.poll_seconds)))
+        self.clock = clock
+        self._allowance, self._allowed_at = float(self.probes), clock()  # looks allowed now, and since when
+        self._polls = 0  # polls so far: the clock of the nodes' turns
         self._cursors = {node: _Cursor() for node in self.nodes}
         self.colour = out.isatty()
         self.width = max(len(n) for n in self.nodes)
@@ -149,20 +171,38 @@ class LogFollower:
         return [(seq, name) for seq, _, name in chunks[older[-1] if older else 0:]]
 
     def _chunks(self, node: str, listed: list[tuple[int, str]] | None) -> Iterator[bytes]:
-        """The node's chunks not read yet, in order: those ``listed``, or else each by the name its predecessor gave."""
+        """The node's chunks not read yet, in order: those ``listed``, or else each by the name its predecessor gave;
+        then when it is next due."""
         cursor = self._cursors[node]
         names = iter(listed) if listed is not None else None
+        read = False
         while True:
             found = next(names, None) if names is not None else (
                 None if cursor.name is None else (cursor.seq, cursor.name))
-            if found is None:
+            data = None if found is None else self.run.get(f"{LOGS_PREFIX}/{node}/{found[1]}")
+            if data is None:  # none, not written yet, or listed but not readable yet: keep order, retry later
+                longest = min(round(IDLE_SECONDS / self.poll_seconds), -(-len(self.nodes) // self.probes))
+                cursor.idle = 1 if read else max(1, min(longest, 2 * cursor.idle))
+                cursor.due = self._polls + cursor.idle
                 return
-            seq, name = found
-            data = self.run.get(f"{LOGS_PREFIX}/{node}/{name}")
-            if data is None:  # not written yet, or listed but not readable yet: keep order, retry next poll
-                return
-            cursor.seq, cursor.name = seq + 1, next_chunk_name(seq, data)
+            cursor.seq, cursor.name = found[0] + 1, next_chunk_name(found[0], data)
+            read = True
             yield data
+
+    def _looked_at(self, by_name: set[str]) -> set[str]:
+        """Of the nodes whose next chunk is looked for by name, those due, the longest due first, as many as the
+        looks allowed since the last poll (``probes_per_second`` accrue each second, at most a second's worth)."""
+        if self.probes_per_second is None:
+            return by_name
+        now = self.clock()
+        self._allowance = min(max(self.probes, self.probes_per_second),
+                              self._allowance + (now - self._allowed_at) * self.probes_per_second)
+        self._allowed_at = now
+        due = ((self._cursors[node].due, self._order[node], node) for node in by_name
+               if self._cursors[node].due <= self._polls)
+        chosen = [node for *_, node in heapq.nsmallest(int(self._allowance), due)]
+        self._allowance -= len(chosen)
+        return set(chosen)
 
     def _records(self, node: str, chunks: Iterable[bytes]) -> Iterator[tuple[float, int, int, str, dict]]:
         """The lines this follower shows (torchrun's own only with -v), as records in time order."""
@@ -188,10 +228,15 @@ class LogFollower:
         for node, cursor in self._cursors.items():
             if cursor.seq == 0 and node not in listing:  # nothing written yet: its first chunk's name is known
                 cursor.name = chunk_name(0, 0.0)
+        self._polls += 1
+        named = {node for node in self.nodes if by_name and self._cursors[node].name is not None}
+        looked_at = self._looked_at(named)
         streams = []
         for node in self.nodes:
-            listed = None if by_name and self._cursors[node].name is not None else listing.get(node, [])
-            streams.append(self._records(node, self._chunks(node, listed)))
+            if node in looked_at:
+                streams.append(self._records(node, self._chunks(node, None)))
+            elif node not in named:
+                streams.append(self._records(node, self._chunks(node, listing.get(node, []))))
         if self.tail is not None:
             streams, self.tail = [collections.deque(stream, maxlen=self.tail) for stream in streams], None
         return streams
@@ -281,20 +326,23 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
             since: float | None, tail: int | None, keep_following: bool, verbose: bool, out: TextIO) -> int:
     backend = backend or backend_for(info.backend, "local")
     _earlier_attempts(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
-    follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose)
+    follower = LogFollower(info, out, nodes=nodes, since=since, tail=tail, verbose=verbose,
+                           probes_per_second=PROBES_PER_SECOND)
     show_states = out.isatty() or verbose  # state changes are progress: for people, not for pipes
     states: dict[str, str] = {}
     engine_said: str | None = None
-    stragglers = StragglerNotices()
+    stragglers = StragglerNotices(every=max(SAMPLE_SECONDS, len(info.nodes) / HEALTH_RECORDS_PER_SECOND))
     unwritable = False  # the work dir refused the lost nodes' records once: they are derived, not tried again
-    next_view = 0.0
+    next_view = viewed = 0.0
     stamp = None
     confirmed = False  # an ended view read again with a fresh answer of the engine (engine_answer_seconds)
     while True:
         now_stamp = follower.run.local_stamp(VIEW_PREFIXES)
-        if now_stamp != stamp:  # a node's status or a marker was written: the run's end is seen at once
-            stamp, next_view = now_stamp, 0.0
+        view_gap = len(info.nodes) / VIEW_RECORDS_PER_SECOND  # the least time between views, for its reads
+        if now_stamp != stamp:  # a node's status or a marker was written: the run's end is seen at once, or as
+            stamp, next_view = now_stamp, viewed + view_gap  # soon after the last view as the bound allows
         if time.monotonic() >= next_view:
+            viewed = time.monotonic()
             recorded = reread(info)  # `launcher scale` may have added nodes since
             if len(recorded.nodes) > len(info.nodes):
                 info = recorded
@@ -309,7 +357,8 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
             if current_url(info) != follower.run.url:  # the run was started again, as a new attempt
                 follower.poll(final=True)  # the last lines of the attempt that ended
                 out.write(started_line(info) + "\n")
-                follower, states = LogFollower(info, out, nodes=nodes, verbose=verbose), {}
+                follower, states = LogFollower(info, out, nodes=nodes, verbose=verbose,
+                                               probes_per_second=PROBES_PER_SECOND), {}
             refused = None if unwritable or not view.lost else record_lost(view, follower.run)
             if refused:
                 unwritable = True
@@ -318,7 +367,7 @@ def _follow(info: RunInfo, seen: list[RunView], *, backend: Backend | None, node
                 follower.say(straggler.line())
             if show_states:
                 follower.state_changes(view, states)
-            next_view = time.monotonic() + VIEW_SECONDS
+            next_view = time.monotonic() + max(VIEW_SECONDS, view_gap)
         follower.poll(final=view.ended)  # after reading the view: a node's last chunk precedes its final status
         if view.ended and not confirmed and backend.engine_answer_seconds:
             confirmed = True  # the engine's answer may predate what ended the nodes: once more with a fresh one

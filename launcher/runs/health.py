@@ -214,8 +214,9 @@ class HealthReader:
 class StragglerNotices:
     """Each straggler once per rank per attempt (the attempt's work dir), for a follower that polls."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.reader = HealthReader(clock=clock)
+    def __init__(self, every: float = SAMPLE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        """``every``: how often each node's health record is read at most (a follower of many nodes: less often)."""
+        self.reader = HealthReader(every, clock)
         self._said: set[tuple[str, int]] = set()
 
     def new(self, view: RunView, run: WorkDir) -> list[Straggler]:

@@ -5,6 +5,8 @@ const API = "/api/runs/" + encodeURIComponent(RUN_ID);
 const STATE_MS = 2000;
 const LOG_MS = 1000;
 const MAX_LINES = 5000;
+const FOLDED_NODES = 25;  // a run of more nodes shows this many rows, those in trouble first, until asked for all
+const TROUBLE = ["failed", "failed to start", "lost", "cancelled"];  // the states its rows are shown first for
 const logBox = document.getElementById("log");
 let ended = false;
 let after = null;        // the server's cursor: where each node's log stands for this page
@@ -12,6 +14,8 @@ let generation = 0;      // a new rank filter starts the log again; answers to o
 let older = false;       // the log has older lines than those shown (the page dropped them, or was never sent them)
 let lastDone = false;    // the ended run's log was read to its end
 let asking = null;       // the log question in flight: a new rank filter aborts it rather than wait for its answer
+let unfolded = false;    // every node's row is shown, however many
+let lastRun = null;      // the run as last read: unfolding draws it again at once
 const ranks = new Set();
 
 async function showRun() {
@@ -33,19 +37,8 @@ async function showRun() {
     summary.textContent = run.summary;
     summary.className = run.result.replace(/ /g, "-");
     document.getElementById("cancel").hidden = run.ended;
-    const body = document.querySelector("#nodes tbody");
-    body.replaceChildren();
-    for (const node of run.nodes) {
-      const row = body.insertRow();
-      row.dataset.node = node.name;
-      cell(row, node.name);
-      cell(row, node.rank);
-      cell(row, node.state, "state " + String(node.state).replace(/ /g, "-"));
-      cell(row, node.exit_code);
-      cell(row, node.address);
-      cell(row, when(node.updated_at));
-      cell(row, node.reason, "reason");
-    }
+    lastRun = run;
+    showNodes(run.nodes);
     showHealth(run.health, run.stragglers);
     showTimeline();
     showProblem(null);
@@ -54,6 +47,33 @@ async function showRun() {
     showProblem(error);
   }
   if (!ended) setTimeout(showRun, STATE_MS);
+}
+
+function showNodes(nodes) {
+  // a row per node, those in trouble first; of many nodes, the first FOLDED_NODES rows and a count per state
+  const trouble = (node) => (TROUBLE.includes(node.state) ? 0 : 1);
+  const ordered = nodes.map((node, index) => [trouble(node), index, node]).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  const shown = unfolded ? ordered : ordered.slice(0, FOLDED_NODES);
+  const body = document.querySelector("#nodes tbody");
+  body.replaceChildren();
+  for (const [, , node] of shown) {
+    const row = body.insertRow();
+    row.dataset.node = node.name;
+    cell(row, node.name);
+    cell(row, node.rank);
+    cell(row, node.state, "state " + String(node.state).replace(/ /g, "-"));
+    cell(row, node.exit_code);
+    cell(row, node.address);
+    cell(row, when(node.updated_at));
+    cell(row, node.reason, "reason");
+  }
+  const counts = new Map();
+  for (const node of nodes) counts.set(node.state, (counts.get(node.state) || 0) + 1);
+  document.getElementById("node-counts").textContent =
+    [...counts].map(([state, count]) => `${count} ${state}`).join(", ");
+  const fold = document.getElementById("fold-nodes");
+  fold.hidden = nodes.length <= FOLDED_NODES;
+  fold.textContent = unfolded ? `show the first ${FOLDED_NODES}` : `show all ${nodes.length} nodes`;
 }
 
 function showHealth(table, stragglers) {
@@ -69,7 +89,10 @@ function showHealth(table, stragglers) {
   }
   const body = shown.tBodies[0];
   body.replaceChildren();
+  let nodes = 0;
   for (const cells of table.slice(1)) {
+    nodes += cells[0].startsWith(" ") ? 0 : 1;
+    if (nodes > FOLDED_NODES && !unfolded) break;  // as the nodes' table: the rest once asked for
     const row = body.insertRow();
     row.className = cells[0].startsWith(" ") ? "rank" : "node";
     for (const text of cells) cell(row, text.trim());
@@ -155,6 +178,14 @@ document.getElementById("rank").addEventListener("change", () => {
   if (lastDone) {
     lastDone = false;
     pollLog();
+  }
+});
+
+document.getElementById("fold-nodes").addEventListener("click", () => {
+  unfolded = !unfolded;
+  if (lastRun) {
+    showNodes(lastRun.nodes);
+    showHealth(lastRun.health, lastRun.stragglers);
   }
 });
 
