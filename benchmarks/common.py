@@ -54,3 +54,13 @@ def timed_run(argv: list[str], cwd: Path, env: dict) -> tuple[float, subprocess.
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def print_table(header: list[str], rows: list[list[object]]) -> None:
+    """A Markdown table (as the docs show the figures), after a blank line; nothing when there are no rows."""
+    if not rows:
+        return
+    print("\n| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")

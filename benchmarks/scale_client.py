@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from common import scratch_dir
+from common import print_table, scratch_dir
 
 from launcher.commands.watch import follow
 from launcher.protocol.logship import LogShipper
@@ -306,28 +306,23 @@ def main() -> None:
             row = {"nodes": nodes, "command": label, **time_command(argv, env, args.repeat)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| nodes | command | first output | total | CPU | peak RSS | output |")
-    print("|---|---|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['nodes']} | `{row['command']}` | {row['first_output_s']:.2f} s | {row['total_s']:.2f} s | "
-              f"{row['cpu_s']:.2f} s | {row['peak_rss_mib']:.0f} MiB | {row['output_bytes']} B (exit {row['exit']}) |")
-    print("\n| nodes | requests/s following | by kind | follower CPU | lines shown / written | delay median, p95 |")
-    print("|---|---|---|---|---|---|")
-    for row in follows:
-        kinds = ", ".join(f"{kind} {n}" for kind, n in row["by_kind_per_s"].items())
-        print(f"| {row['nodes']} | {row['requests_per_s']} | {kinds} | {row['follower_cpu_s']:.1f} s in "
-              f"{row['seconds']:.0f} s | {row['lines_shown']} / {row['lines_written']} | "
-              f"{row['delay_s']['median']:.2f} s, {row['delay_s']['p95']:.2f} s |")
-    print("\n| nodes | ui's run page | first byte | whole | bytes | server peak memory growth |")
-    print("|---|---|---|---|---|---|")
-    for row in pages:
-        print(f"| {row['nodes']} | {row['asked']} | {row['first_byte_s']:.3f} s | {row['whole_s']:.3f} s | "
-              f"{row['bytes']} | {row['peak_rss_growth_mib']:.0f} MiB |")
-    print("\n| nodes | run page drawn | node rows | figure rows | page elements | script heap |")
-    print("|---|---|---|---|---|---|")
-    for row in drawings:
-        print(f"| {row['nodes']} | {row['drawn_ms']} ms | {row['node_rows']} | {row['figure_rows']} | "
-              f"{row['elements']} | {row['heap_mib']} MiB |")
+    print_table(["nodes", "command", "first output", "total", "CPU", "peak RSS", "output"],
+                [[row["nodes"], f"`{row['command']}`", f"{row['first_output_s']:.2f} s", f"{row['total_s']:.2f} s",
+                  f"{row['cpu_s']:.2f} s", f"{row['peak_rss_mib']:.0f} MiB",
+                  f"{row['output_bytes']} B (exit {row['exit']})"] for row in rows])
+    print_table(["nodes", "requests/s following", "by kind", "follower CPU", "lines shown / written",
+                 "delay median, p95"],
+                [[row["nodes"], row["requests_per_s"],
+                  ", ".join(f"{kind} {n}" for kind, n in row["by_kind_per_s"].items()),
+                  f"{row['follower_cpu_s']:.1f} s in {row['seconds']:.0f} s",
+                  f"{row['lines_shown']} / {row['lines_written']}",
+                  f"{row['delay_s']['median']:.2f} s, {row['delay_s']['p95']:.2f} s"] for row in follows])
+    print_table(["nodes", "ui's run page", "first byte", "whole", "bytes", "server peak memory growth"],
+                [[row["nodes"], row["asked"], f"{row['first_byte_s']:.3f} s", f"{row['whole_s']:.3f} s", row["bytes"],
+                  f"{row['peak_rss_growth_mib']:.0f} MiB"] for row in pages])
+    print_table(["nodes", "run page drawn", "node rows", "figure rows", "page elements", "script heap"],
+                [[row["nodes"], f"{row['drawn_ms']} ms", row["node_rows"], row["figure_rows"], row["elements"],
+                  f"{row['heap_mib']} MiB"] for row in drawings])
     print(json.dumps({"client": rows, "follow": follows, "ui": pages, "browser": drawings}))
 
 

@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from common import REPO, scratch_dir
+from common import REPO, print_table, scratch_dir
 from scale_client import make_run, time_command
 
 
@@ -53,12 +53,10 @@ def main() -> None:
             row = {"nodes": nodes, "code": label, **measure(checkout, str(info), home, args.repeat)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| nodes | code | lanes | height | SVG | total | CPU | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        print(f"| {row['nodes']} | {row['code']} | {row['lanes']} | {row['height_px']:,.0f} px | "
-              f"{row['svg_bytes'] / 1024:,.0f} KiB | "
-              f"{row['total_s']:.2f} s | {row['cpu_s']:.2f} s | {row['peak_rss_mib']:.0f} MiB |")
+    print_table(["nodes", "code", "lanes", "height", "SVG", "total", "CPU", "peak RSS"],
+                [[row["nodes"], row["code"], row["lanes"], f"{row['height_px']:,.0f} px",
+                  f"{row['svg_bytes'] / 1024:,.0f} KiB", f"{row['total_s']:.2f} s", f"{row['cpu_s']:.2f} s",
+                  f"{row['peak_rss_mib']:.0f} MiB"] for row in rows])
 
 
 if __name__ == "__main__":
