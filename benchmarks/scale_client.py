@@ -44,7 +44,7 @@ COMMANDS = {"status": ["status"], "status --json": ["status", "--json"], "watch 
             "timeline": ["timeline"], "timeline -o x.svg": ["timeline", "-o", "{dir}/x.svg"]}
 
 
-def make_run(nodes: int, train_seconds: float, home: Path, kept: Path | None) -> tuple[Path, dict]:
+def make_run(nodes: int, train_seconds: float, home: Path, kept: Path | None = None) -> tuple[Path, dict]:
     """A finished run of ``nodes`` simulated nodes in a work dir under ``home`` (or the one benchmarks/scale.py
     kept in ``kept``), with its client record; the simulation's own figures ({} for a kept one)."""
     work_dir, simulated = kept or home / "wd", {}
