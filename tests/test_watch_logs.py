@@ -17,7 +17,7 @@ import pytest
 
 from cluster import write_spec
 from conftest import run_cli
-from launcher.commands.watch import LogFollower
+from launcher.commands.watch import PROBES_PER_SECOND, STORE_PROBES_PER_SECOND, LogFollower
 from launcher.protocol.logship import LogShipper, next_chunk_name
 from launcher.node.torchrun.ranklogs import RankLogs
 from launcher.protocol.store import StoreError, WorkDir
@@ -240,4 +240,44 @@ def test_a_bounded_follower_shows_every_line_once_in_order_per_node(tmp_path):
     for line in out.getvalue().splitlines():
         node, _rank, text = PREFIX.match(line).groups()
         shown.setdefault(node, []).append(text)
+    assert shown == written
+
+
+def test_a_follower_on_an_object_store_reads_by_name_a_bounded_number_a_second_and_lists_only_at_the_end(
+        s3_bucket, monkeypatch):
+    """On S3 a listing of logs/ returns every chunk the run ever wrote (1,000 keys a request): listed each poll,
+    following a long or large run cost more requests each minute. `watch` lists once, then reads by name."""
+    names = [f"n{i}" for i in range(8)]
+    info = RunInfo(run_id="r1", backend="local", work_dir=f"s3://{s3_bucket}/runs", nodes=names, spec_file="",
+                   spec_digest="", created_at=0)
+    shippers = {name: LogShipper(WorkDir(info.run_url), name) for name in names}
+    written: dict[str, list[str]] = {name: [] for name in names}
+
+    def write(line: str) -> None:
+        for rank, (name, shipper) in enumerate(shippers.items()):
+            shipper.add_many([("out", line, rank)])
+            shipper.flush()
+            written[name].append(line)
+
+    write("line 0")
+    out, now = io.StringIO(), [0.0]
+    follower = LogFollower(info, out, probes_per_second=PROBES_PER_SECOND, clock=lambda: now[0])
+    assert follower.probes_per_second == STORE_PROBES_PER_SECOND
+    assert follower.poll() == 8  # the first poll lists: every node's first line
+    monkeypatch.setattr(follower.run, "find", lambda prefix: pytest.fail("listed the whole log"))
+    reads = _counting_gets(follower)
+    for poll in range(1, 41):  # 10 s of polls, every node writing a chunk each second
+        now[0] += follower.poll_seconds
+        if poll % 4 == 0:
+            write(f"line {poll}")
+        follower.poll()
+    # a look that misses (what was allowed at first, and 20 a second since), and a read per chunk written (80);
+    # looking at every node each poll would read 40 x 8 + 80
+    assert reads[0] <= 5 + STORE_PROBES_PER_SECOND * 10 + 80, reads
+    monkeypatch.undo()  # the last poll lists: whatever the bound left unread is shown
+    follower.poll(final=True)
+    shown: dict[str, list[str]] = {name: [] for name in names}
+    for line in out.getvalue().splitlines():
+        node, text = re.fullmatch(r"\[(\S+)\s+r\d+\] (.*)", line).groups()
+        shown[node].append(text)
     assert shown == written

@@ -29,8 +29,9 @@ from launcher.runs.view import (RunView, closing_line, not_recorded_note, open_r
                                 record_lost)
 
 LOCAL_POLL_SECONDS = 0.05  # new chunks of a local work dir: a failed open per node looked at
-STORE_POLL_SECONDS = 0.25  # object stores: one LIST per poll
+STORE_POLL_SECONDS = 0.25  # object stores: a GET per node looked at (or, unbounded, one listing of logs/ per poll)
 PROBES_PER_SECOND = 640  # `watch` on a local work dir: nodes looked at for a next chunk, at most, whatever their number
+STORE_PROBES_PER_SECOND = 20  # the same on object stores, where each look is a GET (billed, ~20 ms each on S3)
 IDLE_SECONDS = 2.0  # the longest a node that wrote nothing waits to be looked at again, however many nodes
 VIEW_SECONDS = 0.25  # the run's state: statuses, markers, the backend's processes
 VIEW_RECORDS_PER_SECOND = 256  # a view reads each node's status: a run of more nodes is viewed less often
@@ -77,10 +78,13 @@ class LogFollower:
     Memory stays bounded whatever the size of the log: each node's chunks are read one at a
     time, in order, and the nodes' streams are merged by time as they are read (a chunk holds
     at most :data:`MAX_CHUNK_LINES` lines), so at most one chunk per node is held at once.
-    A node's chunks are found by one listing at first; after that, on a local work dir, by
-    the name each chunk gives its successor (:func:`next_chunk_name`), and on object stores by a
-    listing per poll. By name, each poll looks at every node; or, given ``probes_per_second`` (a
-    follower that polls on, as ``watch`` does), polls look at no more nodes than that a second in
+    A node's chunks are found by one listing at first; after that, on a local work dir or when
+    bounded, by the name each chunk gives its successor (:func:`next_chunk_name`), and otherwise
+    on object stores by a listing of logs/ per poll (which grows with every chunk the run wrote:
+    fine for one question, as the ui's log page asks, not for following a long or large run). By
+    name, each poll looks at every node; or, given ``probes_per_second`` (a follower that polls on,
+    as ``watch`` does; on object stores at most :data:`STORE_PROBES_PER_SECOND`), polls look at no
+    more nodes than that a second in
     all (a poll that comes late, after a slow view, may look at more, up to a second's worth),
     those due longest first: a node that wrote is due again at the next poll, one that wrote
     nothing waits twice as long each time, up to the time in which the bound allows looking at
@@ -102,8 +106,10 @@ class LogFollower:
         self.since = since
         self.tail = tail  # per node, of what is there at the first poll; later lines all print
         self.run = reading_work_dir(url) if url else open_run(info)  # url: an earlier attempt's namespace
-        self.by_name = self.run.is_local
-        self.poll_seconds = LOCAL_POLL_SECONDS if self.by_name else STORE_POLL_SECONDS
+        self.by_name = self.run.is_local or probes_per_second is not None
+        self.poll_seconds = LOCAL_POLL_SECONDS if self.run.is_local else STORE_POLL_SECONDS
+        if probes_per_second is not None and not self.run.is_local:
+            probes_per_second = min(probes_per_second, STORE_PROBES_PER_SECOND)
         self.probes_per_second = probes_per_second
         self.probes = (len(self.nodes) if probes_per_second is None  # looks per poll, polls on time
                        else max(1, round(probes_per_second * self.poll_seconds)))
