@@ -21,7 +21,7 @@ from launcher.errors import BadInput
 from launcher.runs.state import RunInfo
 
 MAX_LINES = 5000  # the most lines one answer holds (the page keeps at most this many too)
-MAX_CURSOR_CHARS = 100_000
+CURSOR_CHARS_PER_NODE = 200  # a node's position is ~70 characters: a longer cursor is none this module gave out
 CHUNK_NAME = re.compile(r"(\d+)~\d+\.\d+\.jsonl")  # logship.chunk_name's form: nothing else is read by name
 
 
@@ -55,7 +55,7 @@ def read_log(info: RunInfo, *, after: str | None, rank: str | None, limit: int, 
 def parse_cursor(text: str, info: RunInfo) -> dict[str, tuple[int, str | None]]:
     """A cursor this module gave out, checked: only this run's nodes, and chunk names of the log's own form."""
     try:
-        data = json.loads(text) if len(text) <= MAX_CURSOR_CHARS else None
+        data = json.loads(text) if len(text) <= CURSOR_CHARS_PER_NODE * (len(info.nodes) + 1) else None
     except ValueError:
         data = None
     if not isinstance(data, dict):

@@ -6,6 +6,7 @@ import html
 import sys
 import threading
 from importlib import resources
+from typing import Any, Mapping
 from urllib.parse import urlencode
 
 from flask import Flask, Response, abort, jsonify, redirect, request
@@ -31,6 +32,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+MAX_QUESTION_BYTES = 8 << 20  # a log question's body: a cursor of ~100,000 nodes; larger is refused (413)
 REFUSED = "forbidden: open the address `launcher ui` printed, with its token"
 ERROR_PAGE = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>launcher: {text}</title>"
               "<link rel=\"icon\" href=\"/static/favicon.svg\"><link rel=\"stylesheet\" href=\"/static/ui.css\">"
@@ -42,6 +44,7 @@ def create_app(access: Access) -> Flask:
     """The app for one server. What it keeps is server-wide, never per page: the list's records and ended rows, and
     when it last read each node's health record."""
     app = Flask(__name__, static_folder="static", static_url_path="/static")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_QUESTION_BYTES
     catalog = RunCatalog()
     health = HealthReader()  # each node's health record read at most once per sample interval
 
@@ -92,19 +95,22 @@ def create_app(access: Access) -> Flask:
     @app.get("/api/runs")
     def runs() -> Response:
         query = Query(text=request.args.get("q", ""), state=request.args.get("state", ""),
-                      backend=request.args.get("backend", ""), page=_number("page", 1),
-                      per_page=_number("per_page", 50))
+                      backend=request.args.get("backend", ""), page=_number(request.args, "page", 1),
+                      per_page=_number(request.args, "per_page", 50))
         return jsonify(catalog.page(query))
 
     @app.get("/api/runs/<run_id>")
     def one_run(run_id: str) -> Response:
         return jsonify(run_page(_recorded(run_id), health))
 
-    @app.get("/api/runs/<run_id>/log")
+    @app.route("/api/runs/<run_id>/log", methods=["GET", "POST"])
     def log(run_id: str) -> Response:
+        """GET: the question in the address; POST (the page's): in a JSON body, as the cursor names every node of
+        the run (~70 bytes each), more than an address holds at about 900 nodes."""
         info = _recorded(run_id)
-        return jsonify(read_log(info, after=request.args.get("after"), rank=request.args.get("rank") or None,
-                                limit=_number("limit", MAX_LINES), final=request.args.get("final") == "1"))
+        asked = request.args if request.method == "GET" else _json_body()
+        return jsonify(read_log(info, after=_text(asked, "after"), rank=_text(asked, "rank") or None,
+                                limit=_number(asked, "limit", MAX_LINES), final=str(asked.get("final")) == "1"))
 
     @app.get("/api/runs/<run_id>/timeline.svg")
     def timeline(run_id: str) -> Response | tuple[Response, int]:
@@ -145,13 +151,27 @@ def _refused(why: str) -> Response:
     return Response(why + "\n", status=403, mimetype="text/plain")
 
 
-def _number(name: str, default: int) -> int:
-    text = request.args.get(name)
+def _json_body() -> dict[str, Any]:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise BadInput("the question: not a JSON object")
+    return body
+
+
+def _text(asked: Mapping[str, Any], name: str) -> str | None:
+    value = asked.get(name)
+    if value is not None and not isinstance(value, str):
+        raise BadInput(f"{name}: not text")
+    return value
+
+
+def _number(asked: Mapping[str, Any], name: str, default: int) -> int:
+    text = asked.get(name)
     if text is None:
         return default
     try:
         return int(text)
-    except ValueError:
+    except (TypeError, ValueError):
         raise BadInput(f"{name}={text!r}: not a whole number") from None
 
 

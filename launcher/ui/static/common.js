@@ -9,8 +9,11 @@ async function getJson(url, signal) {
   return body;
 }
 
-async function postJson(url) {
-  const answer = await fetch(url, {method: "POST", credentials: "same-origin", headers: {"X-Launcher-Token": TOKEN}});
+async function postJson(url, question, signal) {
+  const headers = {"X-Launcher-Token": TOKEN};
+  if (question !== undefined) headers["Content-Type"] = "application/json";
+  const answer = await fetch(url, {method: "POST", credentials: "same-origin", headers, signal,
+                                   body: question === undefined ? undefined : JSON.stringify(question)});
   const body = await answer.json().catch(() => ({error: answer.statusText}));
   if (!answer.ok) throw new Error(body.error || answer.statusText);
   return body;

@@ -10,6 +10,7 @@ const TROUBLE = ["failed", "failed to start", "lost", "cancelled"];  // the stat
 const logBox = document.getElementById("log");
 let ended = false;
 let after = null;        // the server's cursor: where each node's log stands for this page
+let logFailures = 0;     // questions for the log that failed in a row
 let generation = 0;      // a new rank filter starts the log again; answers to older questions are dropped
 let older = false;       // the log has older lines than those shown (the page dropped them, or was never sent them)
 let lastDone = false;    // the ended run's log was read to its end
@@ -149,23 +150,28 @@ function addRank(rank) {
 async function pollLog() {
   const asked = generation;
   const wasEnded = ended;
-  const query = new URLSearchParams({limit: String(MAX_LINES), final: wasEnded ? "1" : "0"});
-  const rank = document.getElementById("rank").value;
-  if (rank) query.set("rank", rank);
-  if (after) query.set("after", after);
+  // in a body, not the address: the cursor names every node of the run, more than an address holds in large runs
+  const question = {limit: MAX_LINES, final: wasEnded ? "1" : "0", rank: document.getElementById("rank").value,
+                    after};
   asking = new AbortController();
+  let wait = LOG_MS;
   try {
-    const found = await getJson(API + "/log?" + query, asking.signal);
+    const found = await postJson(API + "/log", question, asking.signal);
     if (asked === generation) {  // else the filter changed meanwhile: this answer is for the old one
       after = found.after;
       older = older || found.older;
       addLines(found.lines);
       if (wasEnded) lastDone = true;
     }
+    logFailures = 0;
   } catch (error) {
-    if (error.name !== "AbortError") showProblem(error);
+    if (error.name !== "AbortError") {
+      showProblem(error);
+      logFailures += 1;  // asked again, less often each time (at most every 30 s), not every second forever
+      wait = Math.min(30000, LOG_MS * 2 ** logFailures);
+    }
   }
-  if (!lastDone) setTimeout(pollLog, asked === generation ? LOG_MS : 0);
+  if (!lastDone) setTimeout(pollLog, asked === generation ? wait : 0);
 }
 
 document.getElementById("rank").addEventListener("change", () => {
