@@ -4,6 +4,7 @@ const RUN_ID = decodeURIComponent(location.pathname.split("/").pop());
 const API = "/api/runs/" + encodeURIComponent(RUN_ID);
 const STATE_MS = 2000;
 const LOG_MS = 1000;
+const TIMELINE_MS = 15000;
 const MAX_LINES = 5000;
 const FOLDED_NODES = 25;  // a run of more nodes shows this many rows, those in trouble first, until asked for all
 const TROUBLE = ["failed", "failed to start", "lost", "cancelled"];  // the states its rows are shown first for
@@ -17,6 +18,9 @@ let lastDone = false;    // the ended run's log was read to its end
 let asking = null;       // the log question in flight: a new rank filter aborts it rather than wait for its answer
 let unfolded = false;    // every node's row is shown, however many
 let lastRun = null;      // the run as last read: unfolding draws it again at once
+let drawing = false;     // a timeline picture is on its way
+let drawnStates = null;  // the run's result and node states the picture shown was drawn at, and when
+let drawnAt = 0;
 const ranks = new Set();
 
 async function showRun() {
@@ -41,7 +45,7 @@ async function showRun() {
     lastRun = run;
     showNodes(run.nodes);
     showHealth(run.health, run.stragglers);
-    showTimeline();
+    showTimeline(run);
     showProblem(null);
     ended = run.ended;
   } catch (error) {
@@ -102,13 +106,22 @@ function showHealth(table, stragglers) {
   list.replaceChildren(...stragglers.map((line) => Object.assign(document.createElement("li"), {textContent: line})));
 }
 
-function showTimeline() {
+function showTimeline(run) {
+  // drawn again when a state changed, else at most every TIMELINE_MS (the server reads every node's events for it:
+  // at 1,024 nodes about 3 s of its time), one drawing at a time
+  const states = run.result + "|" + run.nodes.map((node) => node.state).join(",");
+  if (drawing || (states === drawnStates && Date.now() - drawnAt < TIMELINE_MS)) return;
+  drawing = true;
   const picture = document.getElementById("timeline");
   const fresh = new Image();
   fresh.onload = () => {
     picture.src = fresh.src;
     picture.hidden = false;
     document.getElementById("no-timeline").hidden = true;
+    [drawnStates, drawnAt, drawing] = [states, Date.now(), false];
+  };
+  fresh.onerror = () => {
+    drawing = false;
   };
   fresh.src = API + "/timeline.svg?at=" + Date.now();
 }
