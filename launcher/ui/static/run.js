@@ -75,7 +75,7 @@ function showNodes(nodes) {
   const counts = new Map();
   for (const node of nodes) counts.set(node.state, (counts.get(node.state) || 0) + 1);
   document.getElementById("node-counts").textContent =
-    [...counts].map(([state, count]) => `${count} ${state}`).join(", ");
+    [...counts].map(([state, count]) => `${count.toLocaleString("en")} ${state}`).join(", ");
   const fold = document.getElementById("fold-nodes");
   fold.hidden = nodes.length <= FOLDED_NODES;
   fold.textContent = unfolded ? `show the first ${FOLDED_NODES}` : `show all ${nodes.length} nodes`;
@@ -85,7 +85,9 @@ function showHealth(table, stragglers) {
   // launcher top's table: a row per node, then one per rank of it
   const shown = document.getElementById("health");
   shown.hidden = table.length === 0;
-  document.getElementById("no-health").hidden = table.length > 0;
+  const none = document.getElementById("no-health");
+  none.hidden = table.length > 0;
+  if (lastRun && lastRun.ended) none.textContent = "its nodes recorded no figures";
   const head = shown.tHead;
   head.replaceChildren();
   if (table.length) {
