@@ -168,7 +168,7 @@ def time_command(argv: list[str], env: dict[str, str], repeat: int) -> dict:
 
 def time_once(argv: list[str], env: dict[str, str]) -> dict:
     """Seconds to the first byte of output and to the end, CPU seconds (user + system: on a busy machine the wall
-    times mostly measure the others), peak RSS (MiB), bytes written, exit status."""
+    times mostly measure the others), peak RSS (MiB), bytes written, exit status, the load average at its end."""
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     first = proc.stdout.read(1)
@@ -179,7 +179,7 @@ def time_once(argv: list[str], env: dict[str, str]) -> dict:
     return {"first_output_s": round(first_at, 3), "total_s": round(time.perf_counter() - started, 3),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
             "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "output_bytes": len(first) + len(rest),
-            "exit": proc.returncode}
+            "exit": proc.returncode, "load_average": [round(load, 2) for load in os.getloadavg()]}
 
 
 def write_live(url: str, nodes: int, seconds: float) -> None:
