@@ -322,12 +322,15 @@ def main() -> None:
         for label, verb in COMMANDS.items() if "commands" in args.parts else ():
             argv = [sys.executable, "-m", "launcher", *[part.format(dir=home) for part in verb], str(info)]
             row = {"nodes": nodes, "command": label, **time_command(argv, env, args.repeat)}
+            if "-o" in verb:  # the picture it wrote, besides the table it printed
+                row["picture_bytes"] = (home / "x.svg").stat().st_size
             rows.append(row)
             print(json.dumps(row), flush=True)
     print_table(["nodes", "command", "first output", "total", "CPU", "peak RSS", "output"],
                 [[row["nodes"], f"`{row['command']}`", f"{row['first_output_s']:.2f} s", f"{row['total_s']:.2f} s",
                   f"{row['cpu_s']:.2f} s", f"{row['peak_rss_mib']:.0f} MiB",
-                  f"{row['output_bytes']} B (exit {row['exit']})"] for row in rows])
+                  f"{row['output_bytes']} B (exit {row['exit']})"
+                  + (f", picture {row['picture_bytes']} B" if "picture_bytes" in row else "")] for row in rows])
     print_table(["nodes", "requests/s following", "by kind", "follower CPU", "lines shown / written",
                  "delay median, p95"],
                 [[row["nodes"], row["requests_per_s"],
