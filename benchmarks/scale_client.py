@@ -32,7 +32,8 @@ from common import print_table, scratch_dir
 
 from launcher.commands.watch import follow
 from launcher.protocol.logship import LogShipper
-from launcher.protocol.status import StatusRecord
+from launcher.protocol.events import batch_key
+from launcher.protocol.status import STATUS_PREFIX, StatusRecord, status_key
 from launcher.protocol.store import WorkDir
 from launcher.runs import state
 
@@ -45,8 +46,9 @@ COMMANDS = {"status": ["status"], "status --json": ["status", "--json"], "watch 
 
 
 def make_run(nodes: int, train_seconds: float, home: Path, kept: Path | None = None) -> tuple[Path, dict]:
-    """A finished run of ``nodes`` simulated nodes in a work dir under ``home`` (or the one benchmarks/scale.py
-    kept in ``kept``), with its client record; the simulation's own figures ({} for a kept one)."""
+    """A finished run of ``nodes`` simulated nodes in a work dir under ``home`` (or the one
+    `benchmarks/scale.py --keep DIR` kept: ``kept`` is that DIR, whose run is DIR/scale), with its client record
+    dated from the run's records; the simulation's own figures ({} for a kept one)."""
     work_dir, simulated = kept or home / "wd", {}
     if kept is None:
         written = subprocess.run([sys.executable, str(Path(__file__).with_name("scale.py")), "--nodes", str(nodes),
@@ -55,10 +57,26 @@ def make_run(nodes: int, train_seconds: float, home: Path, kept: Path | None = N
         simulated = json.loads(written.stdout.splitlines()[-1])
     os.environ["LAUNCHER_HOME"] = str(home)
     names = [f"node-{i}" for i in range(nodes)]
-    return state.save(state.RunInfo(run_id="scale", backend="local", work_dir=str(work_dir), nodes=names,
-                                    spec_file=str(home / "train.yaml"), spec_digest="0" * 12,
-                                    created_at=time.time() - train_seconds - 5,
-                                    effective_spec={"kind": "distributed", "spec": {"name": "scale"}})), simulated
+    info = state.RunInfo(run_id="scale", backend="local", work_dir=str(work_dir), nodes=names,
+                         spec_file=str(home / "train.yaml"), spec_digest="0" * 12, created_at=0.0,
+                         effective_spec={"kind": "distributed", "spec": {"name": "scale"}})
+    info.created_at = recorded_start(info.run_url, names)
+    return state.save(info), simulated
+
+
+def recorded_start(url: str, names: list[str]) -> float:
+    """A second before the run at ``url`` began by its records (each node's first events and its status record's
+    start), for its client record: the timeline counts from it. Exits unless every node has a status record: a
+    work dir that is not the run's would be measured as an empty run, every node pending and nothing to draw."""
+    store = WorkDir(url)
+    statuses = [store.get_record(status_key(name)) for name in names]
+    missing = [name for name, status in zip(names, statuses) if not status]
+    if missing:
+        raise SystemExit(f"{url}/{STATUS_PREFIX} lacks {len(missing)} of {len(names)} nodes' status records "
+                         f"(e.g. {missing[0]}): not a finished run of {len(names)} nodes")
+    starts = [status.get("started_at") for status in statuses]
+    starts += [event.get("at") for name in names for event in store.get_record(batch_key(name, 0, 0)).get("events", [])]
+    return min(at for at in starts if isinstance(at, (int, float))) - 1.0
 
 
 def ask_ui(nodes: int, repeat: int) -> list[dict]:
@@ -150,7 +168,7 @@ def time_command(argv: list[str], env: dict[str, str], repeat: int) -> dict:
 
 def time_once(argv: list[str], env: dict[str, str]) -> dict:
     """Seconds to the first byte of output and to the end, CPU seconds (user + system: on a busy machine the wall
-    times mostly measure the others), peak RSS (MiB), bytes written, exit status."""
+    times mostly measure the others), peak RSS (MiB), bytes written, exit status, the load average at its end."""
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     first = proc.stdout.read(1)
@@ -161,7 +179,7 @@ def time_once(argv: list[str], env: dict[str, str]) -> dict:
     return {"first_output_s": round(first_at, 3), "total_s": round(time.perf_counter() - started, 3),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
             "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "output_bytes": len(first) + len(rest),
-            "exit": proc.returncode}
+            "exit": proc.returncode, "load_average": [round(load, 2) for load in os.getloadavg()]}
 
 
 def write_live(url: str, nodes: int, seconds: float) -> None:
@@ -276,13 +294,13 @@ def main() -> None:
     parser.add_argument("--follow-seconds", type=float, default=20.0, help="how long `watch` follows a live run")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
     parser.add_argument("--kept", nargs="+", default=[], metavar="NODES=DIR",
-                        help="a finished run's work dir that `scale.py --nodes NODES --keep DIR` made (DIR/scale)")
+                        help="DIR of a finished run that `scale.py --nodes NODES --keep DIR` made (the run: DIR/scale)")
     parser.add_argument("--write", nargs=3, metavar=("URL", "NODES", "SECONDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write:
         write_live(args.write[0], int(args.write[1]), float(args.write[2]))
         return
-    kept = {int(nodes): Path(path) / "scale" for nodes, path in (pair.split("=", 1) for pair in args.kept)}
+    kept = {int(nodes): Path(path) for nodes, path in (pair.split("=", 1) for pair in args.kept)}
     rows, follows, pages, drawings = [], [], [], []
     for nodes in args.sizes:
         if "follow" in args.parts:
@@ -304,12 +322,15 @@ def main() -> None:
         for label, verb in COMMANDS.items() if "commands" in args.parts else ():
             argv = [sys.executable, "-m", "launcher", *[part.format(dir=home) for part in verb], str(info)]
             row = {"nodes": nodes, "command": label, **time_command(argv, env, args.repeat)}
+            if "-o" in verb:  # the picture it wrote, besides the table it printed
+                row["picture_bytes"] = (home / "x.svg").stat().st_size
             rows.append(row)
             print(json.dumps(row), flush=True)
     print_table(["nodes", "command", "first output", "total", "CPU", "peak RSS", "output"],
                 [[row["nodes"], f"`{row['command']}`", f"{row['first_output_s']:.2f} s", f"{row['total_s']:.2f} s",
                   f"{row['cpu_s']:.2f} s", f"{row['peak_rss_mib']:.0f} MiB",
-                  f"{row['output_bytes']} B (exit {row['exit']})"] for row in rows])
+                  f"{row['output_bytes']} B (exit {row['exit']})"
+                  + (f", picture {row['picture_bytes']} B" if "picture_bytes" in row else "")] for row in rows])
     print_table(["nodes", "requests/s following", "by kind", "follower CPU", "lines shown / written",
                  "delay median, p95"],
                 [[row["nodes"], row["requests_per_s"],

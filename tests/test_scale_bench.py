@@ -59,3 +59,26 @@ def test_the_scale_benchmark_takes_8_nodes_through_a_membership_change(tmp_path,
     assert sorted(last["decision"]["ranks"], key=lambda name: int(name[5:])) == expected
     statuses = {path.stem: json.loads(path.read_text())["state"] for path in (run / "status").iterdir()}
     assert statuses == {name: "succeeded" for name in expected} | ({"node-7": "lost"} if change == "death" else {})
+
+
+def test_the_client_benchmark_reads_the_run_scale_py_kept_and_refuses_an_empty_one(tmp_path, monkeypatch):
+    """`scale_client.py --kept 8=DIR` on the DIR `scale.py --keep DIR` wrote: its client record names that run, dated
+    from the records (not from when it was measured); a DIR without the run's records exits instead of measuring."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "scale.py"), "--nodes", "8", "--processes", "2",
+                    "--train-seconds", "1", "--keep", str(tmp_path)], check=True, capture_output=True, env=env,
+                   timeout=50)
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.setenv("LAUNCHER_HOME", str(tmp_path / "home"))
+    from scale_client import make_run
+
+    from launcher.runs import state
+
+    info = state.load(make_run(8, 1.0, tmp_path / "home", tmp_path)[0])
+    assert info.run_url == str(tmp_path / "scale")
+    starts = [json.loads(path.read_text())["started_at"] for path in (tmp_path / "scale" / "status").iterdir()]
+    starts += [event["at"] for path in (tmp_path / "scale" / "events").glob("*/000.0000.json")
+               for event in json.loads(path.read_text())["events"]]
+    assert len(starts) > 8 and min(starts) - 5 < info.created_at < min(starts)
+    with pytest.raises(SystemExit, match="lacks 8 of 8 nodes' status records"):
+        make_run(8, 1.0, tmp_path / "home", tmp_path / "scale")
