@@ -162,7 +162,10 @@ def test_progress_bars_are_shown_as_they_happen_and_kept_without_flooding(tmp_pa
 
 
 def test_waiting_nodes_say_who_is_missing_periodically(tmp_path, monkeypatch):
+    """Said at a listing of the registrations (never from a stale one): when it changed, else every
+    PROGRESS_EVERY_SECONDS; here the listings come every ~0.2 s."""
     monkeypatch.setattr(rendezvous, "PROGRESS_EVERY_SECONDS", 0.3)
+    policy = rendezvous.PollPolicy(initial=0.02, cap=0.05, list_every=0.2)
     said: list[tuple[list[str], list[str], float]] = []
     store = WorkDir(str(tmp_path / "run"))
     done = threading.Event()
@@ -170,7 +173,7 @@ def test_waiting_nodes_say_who_is_missing_periodically(tmp_path, monkeypatch):
     def wait() -> None:
         try:
             rendezvous.await_decision(store, rendezvous.Registration("a", "10.0.0.1", 1), ["a", "b"], timeout=1.5,
-                                      progress=lambda *args: said.append(args))
+                                      policy=policy, progress=lambda *args: said.append(args))
         except rendezvous.RendezvousTimeout:
             done.set()
 

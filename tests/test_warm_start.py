@@ -31,6 +31,17 @@ import torch
 
 def annotated(x: int) -> None: ...
 
+def open_fds():
+    # less the progress record launcher's counting thread may be writing at this moment (under its stacks dir)
+    own = os.environ["LAUNCHER_STACKS_DIR"]
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own fd, closed by now
+            pass
+    return [target for target in targets if not target.startswith(own)]
+
 rank = int(os.environ["RANK"])
 facts = {
     "warm": warm, "name": __name__, "argv": sys.argv, "orig_argv": sys.orig_argv[1:], "path": sys.path,
@@ -40,7 +51,7 @@ facts = {
     "stack_file": hasattr(sys, "launcher_stack_file"), "annotation": repr(annotated.__annotations__["x"]),
     "stdout": [sys.stdout is sys.__stdout__, sys.stdout.line_buffering, sys.stdout.write_through,
                sys.stderr.errors, sys.stdout.encoding],
-    "open_fds": len(os.listdir("/proc/self/fd")), "stdin_at_end": sys.stdin.read(), "flags": repr(sys.flags),
+    "open_fds": len(open_fds()), "stdin_at_end": sys.stdin.read(), "flags": repr(sys.flags),
     "random": random.random(), "hash": hash("same text"), "names_at_start": names_at_start,
     "signals": [str(signal.getsignal(s)) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT, signal.SIGPIPE)]
                + [signal.getsignal(signal.SIGINT) is signal.default_int_handler],

@@ -335,7 +335,7 @@ class Node:
                     self.say(f"stopping training: {hang.failure}")
                     return Ended(self._terminate(), own_failure=hang.failure)
                 self.stop_request = self.stop_request or self._control_check()
-                if self.stop_request and self._ending_after_a_peer_succeeded(members):
+                if self.stop_request and (self._ranks_ended(rank_logs) or self._ending_after_a_peer_succeeded(members)):
                     return self._await_training_exit()
                 if self.stop_request:
                     self.say(f"stopping training: {self.stop_request.reason}")
@@ -386,6 +386,14 @@ class Node:
         if peer:
             self.say(f"received SIGTERM after {peer} succeeded: training here has ended too and is let exit")
         return peer is not None
+
+    def _ranks_ended(self, rank_logs: RankLogs) -> bool:
+        """Every training process here has ended on its own, before the stop request was acted on: torchrun is
+        only exiting, and its own outcome (a rank's error here too: "also failed") is what the node records."""
+        if len(rank_logs.ended) < self.processes:
+            return False
+        self.say(f"{self.stop_request.reason}: every training process here had already ended; torchrun is let exit")
+        return True
 
     def _await_training_exit(self) -> Ended:
         """torchrun's own exit, waited for up to the stop grace; then it is stopped as any other."""

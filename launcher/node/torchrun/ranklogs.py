@@ -68,6 +68,7 @@ class RankLogs:
             lambda: collections.deque(maxlen=TAIL_LINES))
         self.last_output: dict[int, float] = {}  # local rank -> monotonic time of its last output
         self.last_line_at: dict[int, float] = {}  # global rank -> Unix time of its last output (for the timeline)
+        self.ended: set[int] = set()  # local ranks whose pipe ended: the process (and its children) are gone
         self._ranks: dict[int, int] = {}  # local rank -> global rank, of the latest attempt
         self._opened: set[Path] = set()
         self._selector = selectors.DefaultSelector()
@@ -128,6 +129,7 @@ class RankLogs:
         except BlockingIOError:
             return False
         if not block:  # every writer has closed it
+            self.ended.add(pipe.local_rank)
             self._end(pipe)
             if self.exited is not None:
                 self.exited(pipe.rank, time.time())
