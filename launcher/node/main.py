@@ -36,8 +36,7 @@ from launcher.node.torchrun.ranklogs import RankLogs
 from launcher.node.torchrun.spare import Spare
 from launcher.node.torchrun.training_dirs import make_training_dir
 from launcher.protocol import outputs as outputs_mod
-from launcher.protocol.control import (LEFT, ControlWatch, StopRequest, cancel_requested, record_failure,
-                                      record_limit)
+from launcher.protocol.control import LEFT, ControlWatch, StopRequest, record_failure, record_limit
 from launcher.protocol.events import DECIDED, REGISTERED, RESTORED, SYNCED, TORCHRUN, EventLog
 from launcher.protocol.exits import EXIT_BAD_ENV, EXIT_CANCELLED, EXIT_PEER_FAILED, EXIT_STORE, signal_name
 from launcher.protocol.logship import LogShipper
@@ -45,7 +44,7 @@ from launcher.protocol.recovery import LEAVE, RoundEnd
 from launcher.protocol.rendezvous import (Decision, RendezvousError, RendezvousStopped,
                                           RendezvousTimeout, Registration, await_decision)
 from launcher.protocol.rounds import Rounds
-from launcher.protocol.status import StatusRecord, status_key, succeeded_since
+from launcher.protocol.status import StatusRecord, status_key
 from launcher.protocol.store import StoreError, WorkDir
 from launcher.wording import plural
 
@@ -335,7 +334,7 @@ class Node:
                     self.say(f"stopping training: {hang.failure}")
                     return Ended(self._terminate(), own_failure=hang.failure)
                 self.stop_request = self.stop_request or self._control_check()
-                if self.stop_request and (self._ranks_ended(rank_logs) or self._ending_after_a_peer_succeeded(members)):
+                if self.stop_request and self._ranks_ended(rank_logs):
                     return self._await_training_exit()
                 if self.stop_request:
                     self.say(f"stopping training: {self.stop_request.reason}")
@@ -369,27 +368,10 @@ class Node:
         finally:
             exited.close()
 
-    def _ending_after_a_peer_succeeded(self, members: list[str]) -> bool:
-        """A SIGTERM that no cancel asked for, after a peer's training succeeded: docker-compose's
-        --abort-on-container-exit stops the other nodes once the main exits. torchrun ends with success only after
-        its exit barrier, which every node's torchrun reaches only once its own ranks succeeded: training here is
-        over and torchrun is only exiting, so it is left to exit rather than stopped (its success stands)."""
-        if self.signalled != signal.SIGTERM or self.stop_request is None or self.stop_request.state != "cancelled":
-            return False
-        try:
-            if cancel_requested(self.run):
-                return False
-            peer = succeeded_since(self.run, [node for node in members if node != self.settings.node],
-                                   self.status.record["started_at"])
-        except StoreError:
-            return False
-        if peer:
-            self.say(f"received SIGTERM after {peer} succeeded: training here has ended too and is let exit")
-        return peer is not None
-
     def _ranks_ended(self, rank_logs: RankLogs) -> bool:
         """Every training process here has ended on its own, before the stop request was acted on: torchrun is
-        only exiting, and its own outcome (a rank's error here too: "also failed") is what the node records."""
+        only exiting, and its own outcome is what the node records (a rank's error here too: "also failed"; a success
+        where docker-compose's --abort-on-container-exit stops the others once the main exits)."""
         if len(rank_logs.ended) < self.processes:
             return False
         self.say(f"{self.stop_request.reason}: every training process here had already ended; torchrun is let exit")

@@ -57,13 +57,3 @@ class StatusRecord:
 
     def heartbeat(self) -> None:
         self.update()
-
-
-def succeeded_since(store: WorkDir, nodes: list[str], since: float) -> str | None:
-    """The first of ``nodes`` whose status record says it succeeded after ``since`` (Unix time), or None."""
-    for node in nodes:
-        record = store.get_record(status_key(node))
-        ended = record.get("ended_at")
-        if record.get("state") == "succeeded" and isinstance(ended, (int, float)) and ended >= since:
-            return node
-    return None
