@@ -84,8 +84,8 @@ class LogFollower:
     fine for one question, as the ui's log page asks, not for following a long or large run). By
     name, each poll looks at every node; or, given ``probes_per_second`` (a follower that polls on,
     as ``watch`` does; on object stores at most :data:`STORE_PROBES_PER_SECOND`), polls look at no
-    more nodes than that a second in
-    all (a poll that comes late, after a slow view, may look at more, up to a second's worth),
+    more nodes than that a second in all (a poll that comes late, after a slow view, may look at
+    more, up to a second's worth),
     those due longest first: a node that wrote is due again at the next poll, one that wrote
     nothing waits twice as long each time, up to the time in which the bound allows looking at
     every node (no wait while it allows every node every poll; at most :data:`IDLE_SECONDS`). So
