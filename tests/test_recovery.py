@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,33 @@ def test_a_killed_node_leaves_no_training_process_behind(tmp_path, launcher_home
     assert wait_until(lambda: not Path(f"/proc/{rank_pid}").exists()
                       or Path(f"/proc/{rank_pid}/stat").read_text().split(")")[1].split()[0] == "Z", 10), \
         Path(f"/proc/{rank_pid}/cmdline").read_bytes()
+
+
+def test_a_run_whose_restarts_are_used_up_fails_at_once_naming_the_node_lost_in_each_round(tmp_path, launcher_home):
+    """maxRestarts 1 and a worker killed twice: the second loss cannot be retried, so the survivors stop at once
+    (not at the rendezvous timeout, 600 s by default) and every view names the node lost in each round."""
+    run_id, watcher = start(tmp_path, 3, {"recovery": {"maxRestarts": 1}})
+    watcher.wait_for(r"rank 0: epoch 3\b", timeout=180)
+    os.kill(node_pid(launcher_home, run_id, "t-worker-0"), signal.SIGKILL)
+    resumed = watcher.wait_for(r"restart 1 of 1", timeout=120)
+    watcher.wait_for(r"rank 0: epoch \d+", timeout=120, since=watcher.lines.index(resumed))  # round 1 trains
+    os.kill(node_pid(launcher_home, run_id, "t-worker-0"), signal.SIGKILL)
+    killed = time.monotonic()
+    code, output = watcher.finish(timeout=120)
+    assert code == 1 and time.monotonic() - killed < 30, output[-4000:]
+    summary = output[output.rindex("\nrun "):]
+    assert "cause: gave up after 1 of 1 restarts: node t-worker-0: node process killed by SIGKILL" in summary, summary
+    assert summary.endswith("\n  rounds 0 and 1: the same cause"), summary  # each round's loss, said once
+    assert "rendezvous timed out" not in output
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "failed" and status["rounds"]["restarts"] == 1
+    assert [line.split(":")[0] for line in status["rounds"]["history"]] == ["round 0", "round 1"], status["rounds"]
+    assert {status["nodes"][name]["state"] for name in ("t-main", "t-worker-1")} == {"failed"}
+    assert status["nodes"]["t-worker-0"]["state"] == "lost"
+    text = run_cli("status", run_id).stdout
+    assert "round 2: not started: the run stopped; 1 restart\n  rounds 0 and 1: node t-worker-0: node process killed" \
+        in text and "cause: gave up after 1 of 1 restarts: node t-worker-0" in text, text
+    timeline = run_cli("timeline", run_id).stdout
+    stopped = next(line for line in timeline.splitlines() if line.startswith("run stopped (round 2)"))
+    assert "gave up after 1 of 1 restarts: node t-worker-0" in stopped, timeline
+    assert "round 1 ended" in timeline, timeline

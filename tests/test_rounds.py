@@ -196,7 +196,7 @@ def test_a_replacement_started_while_its_node_still_runs_takes_its_place_and_the
 def test_a_static_round_waits_for_the_replacement(store):
     policy = Policy(1, min_nodes=3)  # static: every node, always
     join_all(store, policy, NODES, 0)
-    rounds_of(store, policy).end(0, RoundEnd("w-0", LOST, "killed", 137, time.time()))
+    rounds_of(store, policy).end(0, RoundEnd("w-0", LOST, "killed", 137, time.time(), replaced=True))
     joined = join_all(store, policy, NODES, 1, delays={"w-0": 0.8})  # the replacement comes later than settle
     assert list(joined["m"].decision.ranks) == NODES and joined["m"].restarts == 1
 
@@ -229,6 +229,46 @@ def test_the_run_stops_when_its_restarts_are_used_up(store):
     assert final.history == ("round 0: node w-0: rank 1: ValueError (round 0)",
                              "round 1: node w-0: rank 1: ValueError (round 1)")
     assert latest_round(store) == final
+
+
+def test_a_static_run_whose_restarts_are_used_up_stops_at_once_naming_the_lost_node(store):
+    """Restarts used up and the lost node not replaced: the two left can never make the three a static round
+    needs, so the round is decided as the run's stop as soon as the loss is on record, not at the timeout."""
+    policy = Policy(1, min_nodes=3)
+    join_all(store, policy, NODES, 0)
+    rounds_of(store, policy).end(0, RoundEnd("w-0", LOST, "node process killed by SIGKILL", 137, time.time(),
+                                             replaced=True))
+    join_all(store, policy, NODES, 1)
+    rounds_of(store, policy).end(1, RoundEnd("w-0", LOST, "node process killed by SIGKILL", 137, time.time()))
+    started = time.monotonic()
+    joined = join_all(store, policy, ["m", "w-1"], 2)  # a 20 s rendezvous timeout
+    assert time.monotonic() - started < 2.0
+    final = joined["m"]
+    assert final == joined["w-1"] and final.decision is None and not final.short_of_nodes
+    assert final.give_up == "gave up after 1 of 1 restarts: node w-0: node process killed by SIGKILL"
+    assert final.cause.node == "w-0" and final.history[-1] == "round 1: node w-0: node process killed by SIGKILL"
+
+
+def test_a_round_that_can_never_have_min_nodes_stops_the_run_at_once(store):
+    """Restarts left, but a lost node that no one replaces (a backend that cannot) leaves fewer than minNodes."""
+    policy = Policy(3, min_nodes=3)
+    join_all(store, policy, NODES, 0)
+    rounds_of(store, policy).end(0, RoundEnd("w-1", LOST, "node process killed by SIGKILL", 137, time.time()))
+    started = time.monotonic()
+    joined = join_all(store, policy, ["m", "w-0"], 1)
+    assert time.monotonic() - started < 2.0
+    final = joined["w-0"]
+    assert final.decision is None and final.cause.node == "w-1" and final.short_of_nodes
+    assert final.give_up == ("round 1 cannot start: 2 nodes left (m, w-0), fewer than recovery.minNodes (3), and no "
+                             "replacement is coming: node w-1: node process killed by SIGKILL")
+
+
+def test_a_round_waits_for_a_replacement_that_is_coming_even_below_min_nodes(store):
+    policy = Policy(3, min_nodes=3)
+    join_all(store, policy, NODES, 0)
+    rounds_of(store, policy).end(0, RoundEnd("w-1", LOST, "killed", 137, time.time(), replaced=True))
+    joined = join_all(store, policy, NODES, 1, delays={"w-1": 1.0})
+    assert list(joined["m"].decision.ranks) == NODES and joined["m"].restarts == 1
 
 
 def test_a_stopped_runs_summary_names_the_cause_and_says_each_cause_once(store, tmp_path):

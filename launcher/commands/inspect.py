@@ -114,8 +114,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
             print("".join(f"  {line}\n" for line in attempts.history(info, view.attempts)), end="")
         if rounds:
             history = "".join(f"\n  {line}" for line in grouped_history(rounds["history"]))
-            print(f"round {rounds['round']}: members {', '.join(rounds['members']) or '-'}; "
-                  f"{plural(rounds['restarts'], 'restart')}{history}")
+            members = f"members {', '.join(rounds['members'])}" if rounds["members"] else "not started: the run stopped"
+            print(f"round {rounds['round']}: {members}; {plural(rounds['restarts'], 'restart')}{history}")
         if data:
             print(f"data: epoch {data['epoch']}: {data['done']} of {data['shards']} shards done, "
                   f"{data['in_flight']} in flight, {data['left']} left (launcher data {info.run_id})")

@@ -70,7 +70,7 @@ def row_label(found: tl.Timeline, event: tl.Event) -> str:
             label += f" (replacement {event.incarnation})"
         if event.phase == tl.SCALE:  # one row per request
             label += f": {event.detail.split(' (')[0]}"
-        in_round = event.round is not None and (event.phase == tl.TRAINING_AGAIN or found.recovering and
+        in_round = event.round is not None and (event.phase in (tl.TRAINING_AGAIN, tl.RUN_STOPPED) or found.recovering and
                                                 event.node is not None and event.phase != tl.RECORDED)
     where = [f"attempt {event.attempt}"] if found.attempts > 1 and event.phase != tl.SUBMITTED else []
     where += [f"round {event.round}"] if in_round else []

@@ -31,6 +31,7 @@ from typing import Callable, Collection, Sequence
 from launcher.protocol.rendezvous import (Decision, Listed, PollPolicy, Registration, RendezvousError,
                                       RendezvousStopped, RendezvousTimeout, decide_static, parse_node_key)
 from launcher import node_names
+from launcher.wording import plural
 from launcher.protocol.control import LEFT, ControlWatch
 from launcher.protocol.status import status_key
 from launcher.protocol.store import WorkDir
@@ -69,6 +70,9 @@ class Round:
     give_up: str | None = None
     history: tuple[str, ...] = ()  # why each earlier round ended, in order
     cause: RoundEnd | None = None  # with give_up: the end that made the run stop (not the node that says so)
+    # with give_up: too few nodes are left, though the policy had a restart left (a whole-run retry may still come)
+    short_of_nodes: bool = False
+    at: float = 0.0  # when it was decided (Unix time, by the clock of the node that decided it; 0: not recorded)
 
     @property
     def members(self) -> list[str]:
@@ -82,7 +86,7 @@ class Round:
     def to_bytes(self) -> bytes:
         body = {"number": self.number, "decision": asdict(self.decision) if self.decision else None,
                 "restarts": self.restarts, "give_up": self.give_up, "history": list(self.history),
-                "cause": asdict(self.cause) if self.cause else None}
+                "cause": asdict(self.cause) if self.cause else None, "short_of_nodes": self.short_of_nodes, "at": self.at}
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
@@ -91,7 +95,7 @@ class Round:
         decision = Decision(**body["decision"]) if body.get("decision") else None
         cause = RoundEnd.from_record(body["cause"]) if body.get("cause") else None
         return cls(body["number"], decision, body.get("restarts", 0), body.get("give_up"),
-                   tuple(body.get("history") or ()), cause)
+                   tuple(body.get("history") or ()), cause, bool(body.get("short_of_nodes")), float(body.get("at") or 0.0))
 
 
 def latest_round(store: WorkDir) -> Round | None:
@@ -203,6 +207,8 @@ class Rounds:
                     raise RunOver(f"round {previous.number} finished training before this node could join")
                 if frozenset(registered) != seen:
                     seen, changed = frozenset(registered), now
+                if previous is not None and (coming := self._coming(number, previous, registered)) is not None:
+                    return self._publish(number, registered, previous, coming)  # the run stops, at once
                 if self._ready(number, registered, expected, now - changed >= settle, now - began):
                     for name in self._leaving(number):  # asked once it is ready: the end records take a LIST
                         registered.pop(name, None)
@@ -228,6 +234,23 @@ class Rounds:
         if number == 0 or waited >= self.policy.replacement_wait:
             return False
         return any(end.replaced and end.node not in registered for end in self.ends(number - 1, LOST))
+
+    def _coming(self, number: int, previous: Round, registered: Collection[str]) -> set[str] | None:
+        """The nodes that may still come to round ``number`` (those registered and the previous members neither
+        lost for good nor gone) where the round can only stop the run, whoever else registers (None: it may go on):
+        the previous round's ends already use up the restarts (or one is not retried), or fewer than ``minNodes``
+        can come. Waiting for the rendezvous timeout changed neither; it kept the survivors waiting, unsaid why."""
+        coming = set(registered) | self._expected(number, previous)
+        return coming if self._verdict(number, previous, self.ends(number - 1, *CAUSES), coming)[1] else None
+
+    def _verdict(self, number: int, previous: Round, ends: list[RoundEnd], coming: Collection[str]
+                 ) -> tuple[int, str | None, RoundEnd | None, bool]:
+        """(restarts after round ``number - 1``, why the run stops instead or None, the end that stops it, and
+        whether it stops short of nodes while the policy had a restart left)."""
+        restarts, give_up, cause = self.policy.next_round(ends, previous.restarts)
+        if give_up is None and len(coming) < self.policy.min_nodes:
+            return (restarts, *_too_few(number, coming, self.policy.min_nodes, ends), True)
+        return restarts, give_up, cause, False
 
     def _leaving(self, number: int) -> set[str]:
         """Nodes that left on request while waiting in round ``number``: none of them is taken in."""
@@ -293,21 +316,35 @@ class Rounds:
                 return incarnation if incarnation > me.incarnation else None
         return None
 
-    def _publish(self, number: int, registered: dict[str, Listed], previous: Round | None) -> Round:
-        restarts, history, give_up, cause = 0, (), None, None
+    def _publish(self, number: int, registered: dict[str, Listed], previous: Round | None,
+                 coming: Collection[str] = ()) -> Round:
+        """Create round ``number``'s decision from ``registered`` (or the run's stop, where ``coming``, the nodes
+        that may still come, are too few), unless another node did first; the round decided."""
+        restarts, history, give_up, cause, short = 0, (), None, None, False
         if previous is not None:
             ends = self.ends(number - 1)
-            restarts, give_up, cause = self.policy.next_round(ends, previous.restarts)
+            restarts, give_up, cause, short = self._verdict(number, previous, ends, coming or registered)
             history = previous.history + (_summary(number - 1, ends),)
         try:
             decision = None if give_up else decide_static(registered, node_names.rank_order(self.order, self.grows,
                                                                                              registered))
         except RendezvousError as exc:
             decision, give_up = None, str(exc)
-        decided = Round(number, decision, restarts, give_up, history, cause)
+        decided = Round(number, decision, restarts, give_up, history, cause, short, time.time())
         if self.store.create(decision_key(number), decided.to_bytes()):
             return decided
         return Round.from_bytes(self.store.get(decision_key(number)) or decided.to_bytes())
+
+
+def _too_few(number: int, coming: Collection[str], min_nodes: int, ends: list[RoundEnd]
+             ) -> tuple[str, RoundEnd | None]:
+    """Why round ``number`` cannot start with the nodes ``coming``, and the earliest end that took a node for good."""
+    gone = sorted((end for end in ends if end.kind == LOST and not end.replaced), key=lambda end: end.at)
+    cause = gone[0] if gone else None
+    names = ", ".join(sorted(coming)) or "none"
+    words = (f"round {number} cannot start: {plural(len(coming), 'node')} left ({names}), fewer than "
+             f"recovery.minNodes ({min_nodes}), and no replacement is coming")
+    return (f"{words}: {said(cause)}" if cause else words), cause
 
 
 def _summary(number: int, ends: list[RoundEnd]) -> str:

@@ -195,7 +195,7 @@ def attempt_end(view: RunView, store: WorkDir) -> RoundEnd | str:
     if view.limit is not None:
         return f"not retried: {view.limit.get('reason')} (a limit of the run's own)"
     latest = latest_round(store)
-    if latest is not None and latest.give_up:
+    if latest is not None and latest.give_up and not latest.short_of_nodes:  # short of nodes: weigh the loss
         return f"not retried: {latest.give_up}"
     lost = [{**status, "node": name} for name, status in view.statuses.items() if status.get("state") == "lost"]
     lost += list(view.lost.values())

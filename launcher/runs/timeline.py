@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from launcher.protocol import events as node_events
 from launcher.protocol.control import CANCEL, CONTROL_PREFIX, LIMIT
-from launcher.protocol.rounds import ROUNDS_PREFIX
+from launcher.protocol.rounds import ROUNDS_PREFIX, Round, decision_key
 from launcher.protocol.status import FINAL_STATES, STATUS_PREFIX
 from launcher.protocol.store import WorkDir
 from launcher.protocol.recovery import JOIN, LEAVE, LOST
@@ -44,14 +44,15 @@ SCALE = "scale"  # `launcher scale` asked for a size
 CANCELLED = "cancel"  # `launcher cancel` (or an interrupt) asked every node to stop
 LIMIT_REACHED = "limit"  # the run reached its maxRuntime
 RECORDED = "recorded"  # the node's final status was written
-RUN_ENDS = (ROUND_ENDED, ATTEMPT_ENDED)  # run-level, with why it ended: the table and the picture write it out
+RUN_STOPPED = "run-stopped"  # a round was decided as the run's stop (restarts used up, too few nodes left)
+RUN_ENDS = (ROUND_ENDED, ATTEMPT_ENDED, RUN_STOPPED)  # run-level, with why: the table and the picture say it
 
 LABELS = {
     SUBMITTED: "submitted", ROUND_DECIDED: "decided", ROUND_ENDED: "round ended",
     DEATH: "death seen", JOINS: "asks to join", LEAVE_ASKED: "asked to leave", LEAVES: "leaves",
     TRAINING_AGAIN: "training again",
     SCALE: "scale requested", CANCELLED: "cancel requested", LIMIT_REACHED: "maxRuntime reached",
-    RECORDED: "final status recorded",
+    RECORDED: "final status recorded", RUN_STOPPED: "run stopped",
     node_events.STARTED: "process started", node_events.REGISTERED: "registered",
     node_events.DECIDED: "rank learned", node_events.RESTORED: "outputs restored",
     node_events.TORCHRUN: "torchrun started", node_events.FIRST_LINE: "first training line",
@@ -92,6 +93,7 @@ class Records:
     leaves: list[dict[str, Any]] = field(default_factory=list)  # control/leave.*.json
     cancel: dict[str, Any] | None = None
     limit: dict[str, Any] | None = None
+    stopped: Round | None = None  # the latest round, where it was decided as the run's stop
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,9 @@ def derive(records: Records, attempt: int = 1) -> list[Event]:
         if marker and _time(marker.get("at")) is not None:
             found.append(Event(float(marker["at"]), phase, attempt=attempt, detail=str(marker.get("reason") or "")))
     found += _rounds(found, records.rounds, attempt)
+    if records.stopped is not None and records.stopped.at:
+        found.append(Event(records.stopped.at, RUN_STOPPED, None, records.stopped.number, attempt=attempt,
+                           detail=str(records.stopped.give_up)))
     return sorted(found, key=lambda event: (event.at, event.node or ""))
 
 
@@ -302,6 +307,9 @@ def read_records(store: WorkDir) -> Records:
         else:
             records.leaves.append(body)
     records.rounds = sorted(int(key[:-5]) for key in round_keys if "/" not in key and key[:-5].isdigit())
+    latest = Round.from_bytes(data) if records.rounds and (data := store.get(decision_key(records.rounds[-1]))) \
+        else None
+    records.stopped = latest if latest is not None and latest.give_up else None
     return records
 
 
