@@ -7,14 +7,14 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from launcher import __version__
+from launcher import __version__, backend_names
 from launcher.commands import CANCEL_GRACE_SECONDS
 from launcher.errors import EXIT_BACKEND, LauncherError, SpecError
 
 if TYPE_CHECKING:
     from launcher.spec import Overrides
 
-BACKENDS = ("local", "docker", "oci", "slurm", "kubernetes")
+BACKENDS = tuple(backend_names.BACKENDS)
 
 
 def _spec_arg(parser: argparse.ArgumentParser) -> None:

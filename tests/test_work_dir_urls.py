@@ -1,5 +1,5 @@
 """Runs opened from their work dir where this machine has no record of them, and the example's word on
-where its model is (issue 15), through the real CLI."""
+where its model is, through the real CLI."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from clirun import init_project, run_id_from
 from cluster import write_spec
 from conftest import run_cli
+from launcher.backend_names import BACKENDS
 from launcher.protocol.logship import LogShipper
 from launcher.protocol.rendezvous import DECISION_KEY, Decision, Registration, register
 from launcher.protocol.status import status_key
@@ -94,3 +97,16 @@ def test_a_compose_run_still_gathering_its_nodes_opens_from_its_directory(tmp_pa
     assert (info.backend, info.backend_ids, info.nodes, info.recorded) == ("docker", {"compose": "-"},
                                                                           ["c-worker-1"], False)
     assert "1 of its 3 nodes have registered so far" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recorded, shown", [(name, name) for name in BACKENDS] + [("compose", "docker")])
+def test_status_of_a_work_dir_url_names_the_backend_its_run_json_records(tmp_path, launcher_home, recorded, shown):
+    """Every backend the registry knows (and compose, a docker run) is read back as itself, never as local."""
+    url = str(tmp_path / "wd" / f"run-{recorded}")
+    run = _run_recorded_elsewhere(url, "running")
+    run.put(RUN_RECORD, json.dumps({"run_id": f"run-{recorded}", "backend": recorded, "nodes": 2,
+                                    "created_at": time.time()}).encode())
+    done = run_cli("status", url, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["backend"] == shown
+    assert f"run run-{recorded} ({shown}; not recorded here" in run_cli("status", url).stdout

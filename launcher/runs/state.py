@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from launcher.backend_names import BACKENDS
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
 
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
     from launcher.protocol.store import WorkDir
 
 
-RECORD_BACKENDS = ("local", "docker", "oci", "slurm")  # the backends a run.json may name, besides compose
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # what a run id may be: a name for a directory and a prefix
 
 
@@ -223,7 +223,7 @@ def _backend_of(recorded: Any) -> tuple[str, dict[str, Any]]:
     whose containers are compose's to remove (``docker-compose down``), not a watcher's."""
     if recorded == "compose":
         return "docker", {"compose": "-"}
-    return (recorded if recorded in RECORD_BACKENDS else "local"), {}
+    return (recorded if recorded in BACKENDS else "local"), {}
 
 
 def _node_names(run: WorkDir, ranks: Any) -> list[str]:
