@@ -81,6 +81,18 @@ def test_the_table_shows_seconds_from_submit_with_each_nodes_earliest_first_and_
     assert [row[0] for row in rows[1:3]] == ["submitted", "process started"]  # rows in time order
 
 
+def test_a_row_whose_one_node_ended_long_before_the_others_stays_among_the_rows_of_its_time():
+    """A node lost early (its final status recorded at 2 s) and two that recorded theirs at 640 s: the row of final
+    statuses comes after the rows of 5 and 6 s, not above them, as ordering rows by their earliest cell put it."""
+    records = static_records()
+    records.batches.append(batch("w-1", 0, ("started", 0.2), ("registered", 0.5), ("decided", 0.6, {"rank": 4})))
+    records.statuses["w-1"] = {"state": "lost", "exit_code": 137, "ended_at": T0 + 2.0, "updated_at": T0 + 2.0}
+    for node in ("m", "w-0"):
+        records.statuses[node]["updated_at"] = T0 + 640.0
+    labels = [row[0] for row in table_rows(timeline_of(records, ["m", "w-0", "w-1"]))[1:]]
+    assert labels.index("final status recorded") > labels.index("outputs synced") > labels.index("last training line")
+
+
 def test_segments_colour_each_stretch_by_what_the_node_did():
     spans = [(s.state, round(s.start - T0, 2), round(s.end - T0, 2))
              for s in tl.segments(timeline_of(static_records(), ["m", "w-0"])) if s.node == "m"]

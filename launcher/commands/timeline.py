@@ -87,7 +87,8 @@ def _lanes(found: tl.Timeline, all_nodes: bool) -> fold.Lanes:
 def table_rows(found: tl.Timeline, lanes: fold.Lanes | None = None) -> list[list[str]]:
     """PHASE, run, then one column per node: seconds from submit; then, where the run has a round or an attempt
     that ended, CAUSE: why each ended. A node's first training line is that of its earliest rank, its last line
-    that of its latest; other repeated phases in one cell show the first. A folded run (``lanes``) has, between
+    that of its latest; other repeated phases in one cell show the first. Rows are in the order of their median
+    time. A folded run (``lanes``) has, between
     the run's column and the nodes shown on their own, how many nodes had the phase and its earliest, median and
     latest time over them all."""
     shown = list(lanes.shown) if lanes else found.nodes
@@ -103,7 +104,9 @@ def table_rows(found: tl.Timeline, lanes: fold.Lanes | None = None) -> list[list
             row[column] = event.at
         if event.phase in tl.RUN_ENDS and event.node is None:
             causes.setdefault(label, event.detail)
-    ordered = sorted(cells.items(), key=lambda item: min(item[1].values()))
+    # by each row's middle time: by its earliest, one early cell (a node lost long before the others recorded their
+    # end) put a row of late times above rows that came before them
+    ordered = sorted(cells.items(), key=lambda item: median(item[1].values()))
     rows = [["PHASE", RUN_COLUMN, *(SUMMARY_COLUMNS if summed else []), *shown, *([CAUSE_COLUMN] if causes else [])]]
     for label, row in ordered:
         rows.append([label, *_cells(found, row, [RUN_COLUMN]), *(_summary(found, row) if summed else []),
