@@ -15,3 +15,11 @@ def size_text(count: int) -> str:
     if count < 2**20:
         return f"{count} B" if count < 2**10 else f"{count / 2**10:.1f} KiB"
     return f"{count / 2**20:.1f} MiB" if count < 2**30 else f"{count / 2**30:.2f} GiB"
+
+
+def quoted(text: str, limit: int = 60) -> str:
+    """``'abc'``: a value the user gave, quoted as an error message echoes it, cut short past ``limit`` characters
+    (a pasted log line or a mistyped path must not fill the terminal): ``'abc…' (412 characters)``."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit] + '…'!r} ({len(text)} characters)"

@@ -125,6 +125,14 @@ def test_verbs_on_unknown_runs_are_bad_input(launcher_home):
     assert done.returncode == 2 and "no runs recorded" in done.stderr
 
 
+def test_an_over_long_run_reference_is_cut_short_in_the_error(tmp_path, launcher_home):
+    pasted = "x" * 5000  # a log line pasted where a run id goes
+    for args in (("status", pasted), ("run", "-f", str(tmp_path / "train.yaml"), "--run-id", pasted)):
+        done = run_cli(*args)
+        assert done.returncode == 2 and f"'{'x' * 60}…' (5000 characters)" in done.stderr, done.stderr
+        assert len(done.stderr) < 400, done.stderr
+
+
 def test_the_dry_run_is_what_the_nodes_receive(tmp_path, launcher_home):
     spec = init_project(tmp_path, workers=1, epochs=400)
     printed = run_cli("run", "-f", str(spec), "--dry-run", "--output", "json", "--run-id", "same-id-1")

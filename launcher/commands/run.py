@@ -10,6 +10,7 @@ from launcher.errors import BadInput
 from launcher.runs.state import RUN_ID
 from launcher.secrets_mask import mask
 from launcher.spec import Overrides, load_spec
+from launcher.wording import quoted
 
 
 def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: bool, resume_from: str | None,
@@ -18,7 +19,7 @@ def run(file: str, *, backend: str | None, dry_run: bool, output: str, detach: b
         raise BadInput(f"--output {output} is for --dry-run; for a machine-readable view of a run use "
                        "launcher status RUN --json")
     if run_id is not None and not RUN_ID.fullmatch(run_id):
-        raise BadInput(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
+        raise BadInput(f"--run-id {quoted(run_id)}: use 1-100 letters, digits, '.', '_' or '-'")
     spec = load_spec(file, overrides)
     chosen = backend_for(backend, spec.infra_type)
     if output == "pytorchjob" and chosen.name != "kubernetes":

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from launcher.backend_names import BACKENDS
 from launcher.errors import BackendError, BadInput
 from launcher.fileio import atomic_write
+from launcher.wording import quoted
 
 if TYPE_CHECKING:
     from launcher.protocol.store import WorkDir
@@ -123,11 +124,20 @@ def recorded_run(run_id: str) -> RunInfo:
     """The run this machine records under ``run_id``, a run id and nothing else (no path, URL or prefix): for a
     caller that takes the id from someone else (the ``ui``'s URLs)."""
     if not RUN_ID.fullmatch(run_id):
-        raise BadInput(f"{run_id!r} is not a run id (1-100 letters, digits, '.', '_' or '-')")
+        raise BadInput(f"{quoted(run_id)} is not a run id (1-100 letters, digits, '.', '_' or '-')")
     path = runs_dir() / run_id / "info.yaml"
     if not path.is_file():
         raise BadInput(f"no run '{run_id}' in {runs_dir()}")
     return load(path)
+
+
+def _path_kind(path: Path) -> str | None:
+    """"dir", "file", or None where ``path`` is neither or cannot be a path at all (too long a name: a reference
+    that was never meant as a path raises no error for it)."""
+    try:
+        return "dir" if path.is_dir() else "file" if path.is_file() else None
+    except OSError:
+        return None
 
 
 def resolve_run(ref: str | None) -> RunInfo:
@@ -140,19 +150,20 @@ def resolve_run(ref: str | None) -> RunInfo:
             raise BadInput(f"no runs recorded in {runs_dir()}; start one with: launcher run -f train.yaml")
         return runs[0]
     candidate = Path(ref)
-    if candidate.is_dir() and (candidate / "info.yaml").is_file():
-        candidate = candidate / "info.yaml"
-    if candidate.is_file():
+    kind = _path_kind(candidate)
+    if kind == "dir" and _path_kind(candidate / "info.yaml") == "file":
+        candidate, kind = candidate / "info.yaml", "file"
+    if kind == "file":
         return load(candidate)
     by_id = runs_dir() / ref / "info.yaml"
-    if by_id.is_file():
+    if _path_kind(by_id) == "file":
         return load(by_id)
-    if ref.count("/") == 1 and "://" not in ref and not candidate.exists():  # a Kubernetes namespace/job-name
+    if ref.count("/") == 1 and "://" not in ref and kind is None:  # a Kubernetes namespace/job-name
         owners = [info for info in all_runs() if info.backend == "kubernetes"
                   and ref == f"{info.backend_ids.get('namespace')}/{info.backend_ids.get('job')}"]
         if owners:
             return owners[0]
-    if "://" in ref or candidate.is_dir():
+    if "://" in ref or kind == "dir":
         return from_work_dir(ref)
     if ref.startswith("ocid1."):  # a job or job run OCID of an OCI run
         owners = [info for info in all_runs() if ref == info.backend_ids.get("job")
@@ -167,8 +178,8 @@ def resolve_run(ref: str | None) -> RunInfo:
     if len(matches) == 1:
         return matches[0]
     if matches:
-        raise BadInput(f"'{ref}' matches {len(matches)} runs: {', '.join(m.run_id for m in matches[:5])}")
-    raise BadInput(f"no run '{ref}' (not a run id in {runs_dir()}, an info.yaml path, nor a run's work dir)")
+        raise BadInput(f"{quoted(ref)} matches {len(matches)} runs: {', '.join(m.run_id for m in matches[:5])}")
+    raise BadInput(f"no run {quoted(ref)} (not a run id in {runs_dir()}, an info.yaml path, nor a run's work dir)")
 
 
 def from_work_dir(ref: str) -> RunInfo:
