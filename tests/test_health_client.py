@@ -21,7 +21,7 @@ from launcher.commands.top import HEADER, REDRAW, rows, top
 from launcher.protocol.health import HealthRecord, health_key
 from launcher.protocol.status import StatusRecord
 from launcher.protocol.store import WorkDir
-from launcher.runs.health import (CPU_BOUND, LESS_BUSY, WAITING_ON_DATA, HealthReader, RunHealth,
+from launcher.runs.health import (CPU_BOUND, LESS_BUSY, THROTTLED_SHARE, WAITING_ON_DATA, HealthReader, RunHealth,
                                   StragglerNotices)
 from launcher.runs.state import RunInfo, save
 from launcher.runs.view import read_view
@@ -112,6 +112,14 @@ def test_a_rank_just_under_the_ratio_is_only_the_slowest(tmp_path):
     assert (found.stragglers, found.slowest) == ([], 3)
 
 
+@pytest.mark.parametrize("works, slowest", [
+    ((0.0038, 0.0038, 0.0038, 0.0039), None),  # noise: 3.9 ms against 3.8 ms is no slowest rank
+    ((0.0038, 0.0038, 0.0038, 0.0042), 3),  # 1.1x the median
+])
+def test_slowest_is_marked_only_beyond_the_margin(tmp_path, works, slowest):
+    assert four_ranks(tmp_path, works).read().slowest == slowest
+
+
 def test_a_rank_measured_over_a_short_window_is_not_compared(tmp_path):
     short = four_ranks(tmp_path / "short", (0.2, 0.2, 0.2, 0.9), window=30.0).read()
     assert short.stragglers == [] and not short.ranks[3].comparable
@@ -130,6 +138,22 @@ def test_the_window_is_the_nodes_own(tmp_path):
 def test_a_straggler_that_waits_for_data_is_said_to(tmp_path):
     found = four_ranks(tmp_path, (0.2, 0.2, 0.2, 0.5), data_wait=0.45).read()
     assert [straggler.suggests for straggler in found.stragglers] == [WAITING_ON_DATA]
+
+
+@pytest.mark.parametrize("throttled, suggests", [
+    ((0.0, 0.0, 0.0, 0.8), "CPU-throttled (a cgroup CPU quota held it back 80% of the time)"),
+    ((0.8, 0.8, 0.8, 0.8), CPU_BOUND),  # a quota on every rank alike does not tell this one apart
+    ((0.0, 0.0, 0.0, THROTTLED_SHARE / 2), CPU_BOUND),
+])
+def test_a_straggler_held_back_by_a_cpu_quota_is_said_to_be_throttled_not_cpu_bound(tmp_path, throttled, suggests):
+    run = Run(tmp_path)
+    entries = [{**rank_entry(work, window=60.0), "cpu_percent": 8.0, "throttled_fraction": share}
+               for work, share in zip((0.2, 0.2, 0.2, 0.5), throttled)]
+    run.sampled("m", sample({0: entries[0], 1: entries[1]}))
+    run.sampled("w-0", sample({2: entries[2], 3: entries[3]}))
+    found = run.read()
+    assert [(straggler.rank, straggler.suggests) for straggler in found.stragglers] == [(3, suggests)]
+    assert found.ranks[3].as_dict()["throttled_fraction"] == throttled[3]
 
 
 def gpu_run(tmp_path: Path, straggler_util: float) -> RunHealth:

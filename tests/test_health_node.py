@@ -20,6 +20,7 @@ from conftest import REPO, run_cli
 from launcher.data import rankprogress
 from launcher.node.diagnosis.stacks import HOOKS_DIR
 from launcher.node.health.gpus import GpuReader, parse_smi
+from launcher.node.health.procfs import throttled_s
 from launcher.node.health.ranks import RankWindows
 from launcher.gpus import Gpu
 from launcher.node.health.sampler import SAMPLE_VAR, WINDOW_VAR, HealthSampler, seconds_from_env, start_sampler
@@ -317,6 +318,63 @@ def test_work_per_step_is_measured_over_the_window_and_report_counts_first():
     later = windows.figures(progress(7, {"report": 4, "optimizer": 40}, 7.0, 1.5), now=115.0)
     assert later["step_source"] == "report" and later["steps"] == 4
     assert later["window_s"] == 10.0  # the window moved on: it starts at the newest snapshot a window old
+
+
+def test_the_share_of_the_window_a_cpu_quota_held_a_rank_back_is_measured():
+    windows = RankWindows(window=10.0)
+    windows.figures(progress(7, {"loader": 10}, 1.0, 0.0), now=100.0, throttled_s=3.0)
+    figures = windows.figures(progress(7, {"loader": 20}, 1.2, 0.0), now=110.0, throttled_s=11.0)
+    assert figures["throttled_fraction"] == pytest.approx(0.8)  # held back 8 s of 10
+    assert "throttled_fraction" not in RankWindows(10.0).figures(progress(8, {"loader": 1}, 1.0, 0.0), now=5.0)
+
+
+@pytest.mark.parametrize("layout", ["v2", "v2 beside v1", "v1"])
+def test_a_cgroups_throttled_time_is_read_with_its_ancestors_in_either_version(tmp_path, layout):
+    proc, cgroups = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "42").mkdir(parents=True)
+    if layout == "v1":
+        (proc / "42" / "cgroup").write_text("5:memory:/job\n2:cpu,cpuacct:/job/rank\n0::/\n")
+        stats = {cgroups / "cpu,cpuacct" / "job" / "rank": "throttled_time 2000000000",
+                 cgroups / "cpu,cpuacct" / "job": "nr_throttled 3\nthrottled_time 500000000"}
+    else:
+        (proc / "42" / "cgroup").write_text("0::/job/rank\n")
+        mount = cgroups if layout == "v2" else cgroups / "unified"
+        stats = {mount / "job" / "rank": "usage_usec 9\nthrottled_usec 2000000", mount / "job": "throttled_usec 500000"}
+    for directory, text in stats.items():
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "cpu.stat").write_text(text + "\n")
+    assert throttled_s(42, proc, cgroups) == pytest.approx(2.5)
+    assert throttled_s(43, proc, cgroups) is None  # gone
+
+
+def test_a_real_cpu_quota_shows_as_throttled_time(tmp_path):
+    """A busy process in a cgroup of its own held to 10% of a core (v1 cpu.cfs_quota_us or v2 cpu.max, where this
+    machine lets the tests make one)."""
+    v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    group = (v1 if (v1 / "cgroup.procs").exists() else v2) / f"launcher-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        if (group / "cpu.cfs_quota_us").exists():
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text("10000")
+        else:
+            (group / "cpu.max").write_text("10000 100000")
+    except OSError as exc:
+        pytest.skip(f"cannot make a cgroup with a CPU quota here: {exc}")
+    busy = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()\nwhile True: pass"],
+                            stdin=subprocess.PIPE, text=True)
+    try:
+        (group / "cgroup.procs").write_text(str(busy.pid))
+        before = throttled_s(busy.pid)
+        busy.stdin.write("go\n")
+        busy.stdin.flush()
+        time.sleep(1.5)  # the quota's effect is measured over time: there is no event to wait for
+        after = throttled_s(busy.pid)
+        assert before is not None and after is not None and after - before > 0.5, (before, after)
+    finally:
+        busy.kill()
+        busy.wait()
+        group.rmdir()
 
 
 def test_env_overrides_and_what_a_bad_value_says():

@@ -18,6 +18,8 @@ One sample (a plain dict, every figure optional but ``at``)::
                                      data, not time waiting for the others in collectives) over the last
                                      :data:`WINDOW_SECONDS`,
                                  "data_wait_fraction": the share of that window spent waiting for data,
+                                 "throttled_fraction": the share of that window a CPU quota held the rank's
+                                     cgroup back (where the node can read its cgroup's cpu.stat),
                                  "window_s": the seconds that window really spans (a rank is comparable with
                                      the others once it is at least 0.9 x ``window_seconds``),
                                  "step_source": "report" | "optimizer" | "loader",

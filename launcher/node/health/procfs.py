@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+CGROUPS = Path("/sys/fs/cgroup")
+# where each cgroup version keeps the time its CPU controller held a group back under a quota, and its unit
+V2_THROTTLED, V1_THROTTLED = ("throttled_usec", 1e-6), ("throttled_time", 1e-9)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
@@ -36,6 +39,44 @@ def read_stat(pid: int, proc: Path = PROC) -> ProcessStat | None:
         return ProcessStat(pid, int(fields[1]), ticks / CLOCK_TICKS, int(fields[21]) * PAGE_BYTES)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def throttled_s(pid: int, proc: Path = PROC, cgroups: Path = CGROUPS) -> float | None:
+    """Seconds that a CPU quota (``cpu.max``; v1 ``cpu.cfs_quota_us``) held back the cgroup of process ``pid`` and
+    its ancestors, so far: a process's CPU share says nothing of a quota, and a throttled rank's looks like its
+    peers'. None where no cgroup of it has a CPU controller this process can read."""
+    try:
+        memberships = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for membership in memberships:
+        _, controllers, path = membership.split(":", 2)
+        if controllers == "":  # the unified hierarchy (v2): at the root, or under unified/ beside v1 ones
+            places = [(cgroups, V2_THROTTLED), (cgroups / "unified", V2_THROTTLED)]
+        elif "cpu" in controllers.split(","):
+            places = [(cgroups / controllers, V1_THROTTLED)]
+        else:
+            continue
+        for mount, (key, unit) in places:
+            found = _throttled_along(mount, Path(path.lstrip("/")), key)
+            if found is not None:
+                return found * unit
+    return None
+
+
+def _throttled_along(mount: Path, path: Path, key: str) -> int | None:
+    """``key``'s sum in cpu.stat of the cgroup at ``path`` under ``mount`` and of every ancestor's."""
+    total, found = 0, False
+    for group in (path, *path.parents):
+        try:
+            lines = (mount / group / "cpu.stat").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                total, found = total + int(value), True
+    return total if found else None
 
 
 def tree(processes: dict[int, ProcessStat], root: int) -> list[ProcessStat]:

@@ -25,6 +25,7 @@ class Snapshot:
     cpu_s: float
     data_wait_s: float
     data_cpu_s: float  # of cpu_s, spent making batches (a loader without workers): counted as the wait, not twice
+    throttled_s: float | None = None  # its cgroup's time held back by a CPU quota (procfs.throttled_s), so far
 
 
 def read_progress(stacks_dir: str) -> dict[int, dict[str, Any]]:
@@ -62,11 +63,11 @@ class RankWindows:
         self.window = window
         self._snapshots: dict[int, collections.deque[Snapshot]] = {}  # pid -> oldest first
 
-    def figures(self, record: dict[str, Any], now: float) -> dict[str, Any]:
-        """The progress figures of one rank's ``record`` read at ``now``."""
+    def figures(self, record: dict[str, Any], now: float, throttled_s: float | None = None) -> dict[str, Any]:
+        """The progress figures of one rank's ``record`` read at ``now`` (``throttled_s``: its cgroup's)."""
         steps, source = counted_steps(record)
         snapshot = Snapshot(now, steps, _int(record.get("samples")), _float(record.get("cpu_s")),
-                            _float(record.get("data_wait_s")), _float(record.get("data_cpu_s")))
+                            _float(record.get("data_wait_s")), _float(record.get("data_cpu_s")), throttled_s)
         history = self._snapshots.setdefault(record["pid"], collections.deque())
         previous = history[-1] if history else None
         if previous is not None and previous.steps == 0:  # its first steps: what came before was its start, not work
@@ -87,6 +88,9 @@ class RankWindows:
             waited = max(0.0, snapshot.data_wait_s - start.data_wait_s)
             figures["window_s"] = round(window_s, 1)
             figures["data_wait_fraction"] = round(min(1.0, waited / window_s), 3)
+            if snapshot.throttled_s is not None and start.throttled_s is not None:
+                held = max(0.0, snapshot.throttled_s - start.throttled_s)
+                figures["throttled_fraction"] = round(min(1.0, held / window_s), 3)
             if steps > start.steps:
                 computed = (snapshot.cpu_s - start.cpu_s) - (snapshot.data_cpu_s - start.data_cpu_s)
                 work = max(0.0, computed) + waited

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from launcher.data import rankprogress
 from launcher.gpus import Gpu
 from launcher.node.health.gpus import GpuReader
-from launcher.node.health.procfs import CpuMeter, ProcessStat, TreeReader, machine_memory, tree
+from launcher.node.health.procfs import CpuMeter, ProcessStat, TreeReader, machine_memory, throttled_s, tree
 from launcher.node.health.ranks import RankWindows, read_progress
 from launcher.node.threads import usable_cores
 from launcher.protocol.health import SAMPLE_SECONDS, WINDOW_SECONDS, HealthRecord, Sample
@@ -113,7 +113,7 @@ class HealthSampler:
                 cpu = self.cpu.percent(pid, sum(stat.cpu_s for stat in own), clock)
                 figures.update({} if cpu is None else {"cpu_percent": cpu},
                                rss_bytes=sum(stat.rss_bytes for stat in own))
-            figures.update(self.windows.figures(record, now))
+            figures.update(self.windows.figures(record, now, throttled_s(pid)))
             if rank in last_lines:
                 figures["last_line_at"] = last_lines[rank]
             gpu = next((gpu_users[stat.pid] for stat in own if stat.pid in gpu_users), None)
