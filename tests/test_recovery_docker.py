@@ -125,6 +125,45 @@ def test_a_replacement_the_engine_refuses_leaves_the_run_to_the_survivors(tmp_pa
     assert run_containers(run_id) == []
 
 
+@pytest.mark.parametrize("ending", ["restarts used up", "too few nodes left"])
+def test_a_run_that_can_no_longer_recover_fails_at_once_naming_the_lost_node(tmp_path, launcher_home,
+                                                                             node_base_image, ending):
+    """A static run of 2 with one restart: its worker killed twice, or once where its replacement cannot be
+    started (its container name is taken). The main stops within seconds, not at the 600 s rendezvous timeout,
+    and the run's cause names the node that was lost."""
+    run_id = f"cannot-recover-{'used-up' if ending == 'restarts used up' else 'too-few'}"
+    squatter = docker("create", "--name", f"{run_id}-t-worker-0-r1", node_base_image, "true").strip() \
+        if ending == "too few nodes left" else None
+    try:
+        spec = docker_spec(tmp_path, node_base_image, 2, {"recovery": {"maxRestarts": 1}})
+        started = run_cli("run", "-f", str(spec), "--detach", "--run-id", run_id, cwd=tmp_path)
+        assert started.returncode == 0, started.stdout + started.stderr
+        watcher = Watcher(run_id, dict(os.environ))
+        watcher.wait_for(r"rank 0: epoch 3\b", timeout=120)
+        kill_container(run_id, "t-worker-0")
+        if squatter is None:
+            resumed = watcher.wait_for(r"restart 1 of 1", timeout=120)
+            watcher.wait_for(r"rank 0: epoch \d+", timeout=120, since=watcher.lines.index(resumed))
+            kill_container(run_id, "t-worker-0")
+        killed = time.monotonic()
+        code, output = watcher.finish(timeout=120)
+    finally:
+        if squatter:
+            docker("rm", "-f", squatter)
+    assert code == 1 and time.monotonic() - killed < 45, output[-4000:]
+    summary = output[output.rindex("\nrun "):]
+    lost = "node t-worker-0: node container was killed (SIGKILL, exit 137"
+    said = f"gave up after 1 of 1 restarts: {lost}" if squatter is None else \
+        ("round 1 cannot start: 1 node left (t-main), fewer than recovery.minNodes (2), and no replacement is "
+         f"coming: {lost}")
+    assert f"cause: {said}" in summary, summary
+    assert "rendezvous timed out" not in output
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert status["result"] == "failed" and status["nodes"]["t-main"]["state"] == "failed", status
+    assert status["rounds"]["give_up"].startswith(said), status["rounds"]
+    assert run_containers(run_id) == []
+
+
 def test_take_over_follows_a_replaced_nodes_newest_container(docker_engine, node_base_image):
     """Without a supervisor, the verbs judge a replaced node by its newest container, not its dead first one."""
     import docker as docker_sdk
