@@ -176,13 +176,24 @@ def test_a_straggler_whose_gpu_is_as_busy_as_the_others_is_cpu_bound(tmp_path):
     assert [straggler.suggests for straggler in found.stragglers] == [CPU_BOUND]
 
 
+def test_status_json_keeps_a_replaced_nodes_earlier_samples_apart(tmp_path, launcher_home):
+    run = Run(tmp_path)
+    run.sampled("w-0", sample({2: rank_entry(0.2)}, at=1000.0), sample({2: rank_entry(0.2)}, at=1005.0))
+    replacement = HealthRecord(run.store, "w-0", incarnation=1)
+    replacement.add(sample({2: rank_entry(0.2)}, at=1020.0))
+    status = json.loads(run_cli("status", run.recorded(), "--json").stdout)
+    assert status["nodes"]["w-0"]["health_history"] == [{"incarnation": 0, "from": 1000.0, "to": 1005.0, "samples": 2},
+                                                        {"incarnation": 1, "from": 1020.0, "to": 1020.0, "samples": 1}]
+
+
 def test_a_node_without_records_yet_has_a_row_and_no_ranks(tmp_path):
     run = Run(tmp_path, nodes=("m", "w-0", "w-1"))
     run.sampled("m", sample({0: rank_entry(0.2), 1: rank_entry(0.2)}))
     found = run.read()
     assert found.sampled and found.node("w-1").sample is None
     assert found.node("w-1").as_dict() == {"health_at": None, "cpu_percent": None, "rss_bytes": None,
-                                           "mem_available_bytes": None, "mem_total_bytes": None, "gpus": []}
+                                           "mem_available_bytes": None, "mem_total_bytes": None, "gpus": [],
+                                           "health_history": []}
     assert {rank.node for rank in found.ranks} == {"m"}
     assert not Run(tmp_path / "none").read().sampled
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from launcher.protocol.health import MAX_SAMPLES, HealthRecord, health_key, latest_sample, read_series
+from launcher.protocol.health import (MAX_SAMPLES, HealthRecord, health_key, incarnation_series, latest_sample,
+                                      read_series)
 from launcher.protocol.store import WorkDir
 
 
@@ -66,3 +67,31 @@ def test_the_newest_of_the_heartbeat_and_the_record_is_the_latest(tmp_path):
     assert latest_sample(None, None) is None
     assert latest_sample({"health": "damaged"}, {"latest": {"at": "x"}, "samples": []}) is None
     assert json.loads((tmp_path / "run" / health_key("n")).read_text())["node"] == "n"
+
+
+def test_a_replacement_keeps_the_samples_of_its_nodes_earlier_starts_within_the_same_bound(tmp_path):
+    """The main, killed after 12 hours, and its replacement: the replacement's record keeps the killed start's
+    samples (thinned as one series with its own, so the bound is the one above), each start's apart."""
+    store = ObjectStore(str(tmp_path / "run"))
+    first = HealthRecord(store, "n", interval=5.0)
+    for index in range(12 * 720):
+        first.add(full_sample(1_800_000_000.0 + 5.0 * index))
+    first.flush()
+    replacement = HealthRecord(store, "n", incarnation=1, interval=5.0)
+    later = 1_800_000_000.0 + 12 * 3600 + 30
+    for index in range(12 * 720):
+        replacement.add(full_sample(later + 5.0 * index))
+    replacement.flush()
+    written = store.get(health_key("n"))
+    assert len(written) < 600_000, len(written)
+    series = read_series(store, "n")
+    assert len(series["samples"]) <= MAX_SAMPLES and series["incarnation"] == 1
+    starts = incarnation_series(series)
+    assert [incarnation for incarnation, _ in starts] == [0, 1]
+    assert starts[0][1][0]["at"] == 1_800_000_000.0 and starts[0][1][-1]["at"] < later <= starts[1][1][0]["at"]
+    assert HealthRecord(store, "n", incarnation=1).samples == []  # the same start again takes nothing over
+
+
+def test_a_record_without_starts_is_one_series_of_its_incarnation():
+    assert incarnation_series({"incarnation": 2, "samples": [{"at": 1.0}, {"at": True}, "x"]}) == [(2, [{"at": 1.0}])]
+    assert incarnation_series({"samples": []}) == []

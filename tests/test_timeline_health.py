@@ -19,7 +19,7 @@ from launcher.protocol.store import WorkDir
 from launcher.runs import timeline as tl
 from launcher.runs.state import RunInfo, save
 from launcher.commands.timeline import table_rows
-from launcher.runs.timeline_health import utilisation
+from launcher.runs.timeline_health import read_utilisation, utilisations
 
 SVG = "{http://www.w3.org/2000/svg}"
 CORES = 4
@@ -185,12 +185,12 @@ def test_a_missing_figure_breaks_the_line_and_damaged_samples_are_left_out():
         sample(T0 + 3, 200, (70.0,), {0: 1.5}), {"at": T0 + 4, "cpu_percent": "x", "cores": 0,
                                                  "gpus": [{"util_percent": None}, "x"], "ranks": {"0": {}, "r": {}}},
         sample(T0 + 5, 300, (90.0,), {0: 2.5})]}
-    found = utilisation("m", record, attempt=2)
+    [found] = utilisations("m", record, attempt=2)
     assert found.points == [(T0 + 1, 25.0, 50.0), (T0 + 2, None, None), (T0 + 3, 50.0, 70.0), (T0 + 4, None, None),
                             (T0 + 5, 75.0, 90.0)]
     assert found.steps_per_s == {0: [(T0 + 3, 1.5), (T0 + 4, None), (T0 + 5, 2.5)]}
     assert (found.attempt, found.incarnation) == (2, 2)
-    assert utilisation("m", {"samples": ["x", {"at": "soon"}]}) is None
+    assert utilisations("m", {"samples": ["x", {"at": "soon"}]}) == []
 
     timeline = tl.Timeline("r", T0, ["m"], [tl.Event(T0, tl.SUBMITTED)], T0 + 6, health=[found])
     root = ElementTree.fromstring(timeline_svg.svg(timeline))
@@ -287,3 +287,20 @@ def test_a_browser_draws_the_rows_between_the_lanes_and_hovering_finds_each_samp
     assert len(shown["columns"]) == 24 and all(c["hit"] == c["at"] for c in shown["columns"])
     wide = [s for s in shown["states"] if s["width"] >= 20]  # narrower ones may lie under a mark
     assert len(wide) >= 9 and all(s["hit"] == s["state"] for s in wide)  # the rows cover no lane
+
+
+def test_a_replaced_nodes_earlier_start_is_drawn_beside_its_replacement(tmp_path):
+    """The health record of a node replaced at T0 + 3: both starts' samples are read, each drawn as its own."""
+    store = WorkDir(str(tmp_path / "run"))
+    first = HealthRecord(store, "m")
+    for at in (T0 + 1, T0 + 2):
+        first.add(sample(at, 100, (), {0: 1.0}))
+    replacement = HealthRecord(store, "m", incarnation=1)
+    for at in (T0 + 4, T0 + 5):
+        replacement.add(sample(at, 200, (), {0: 2.0}))
+    drawn = read_utilisation(store, ["m"])
+    assert [(each.incarnation, [point[0] for point in each.points]) for each in drawn] == \
+        [(0, [T0 + 1, T0 + 2]), (1, [T0 + 4, T0 + 5])]
+    timeline = tl.Timeline("r", T0, ["m"], [tl.Event(T0, tl.SUBMITTED)], T0 + 6, health=drawn)
+    root = ElementTree.fromstring(timeline_svg.svg(timeline))
+    assert len(of_class(root, "steps", "m")) == 2  # a line of steps/s for each start

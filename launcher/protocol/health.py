@@ -32,7 +32,9 @@ The node samples every ``LAUNCHER_HEALTH_SAMPLE`` seconds (default :data:`SAMPLE
 gives both variables (the local backend's nodes inherit the client's).
 
 The record is ``{"node", "incarnation", "interval", "latest": the newest sample whole, "samples": [oldest ..
-newest]}``, where each of ``samples`` keeps only the figures drawn over time (:data:`SERIES_FIGURES`,
+newest], "starts": [[incarnation, time of its first sample], ...]}``. A replacement (incarnation n > 0) carries
+the samples of the starts of its node before it on, as one series with them: ``starts`` says where each begins,
+and the bound below is the whole series'. Each of ``samples`` keeps only the figures drawn over time (:data:`SERIES_FIGURES`,
 :data:`SERIES_GPU_FIGURES`, :data:`SERIES_RANK_FIGURES`), bounded over a long run (:func:`downsample`): a node
 with 8 ranks on 8 GPUs keeps at most about 540 kB however long it runs. It is rewritten whole: after every sample on a local work dir, at most every
 :data:`STORE_SERIES_SECONDS` on object stores (which bill requests); there the latest sample also rides on the
@@ -104,6 +106,24 @@ def latest_sample(status: dict[str, Any] | None, series: dict[str, Any] | None) 
     return max(candidates, key=lambda sample: sample["at"]) if candidates else None
 
 
+def incarnation_series(record: dict[str, Any]) -> list[tuple[int, list[Sample]]]:
+    """``record``'s samples split by the start of its node that took them, oldest first: (incarnation, samples)."""
+    samples = [sample for sample in record.get("samples") or [] if isinstance(sample, dict)
+               and isinstance(sample.get("at"), (int, float)) and not isinstance(sample["at"], bool)]
+    starts = sorted((start for start in record.get("starts") or [] if isinstance(start, list) and len(start) == 2
+                     and isinstance(start[0], int) and isinstance(start[1], (int, float))), key=lambda start: start[1])
+    if not starts:
+        incarnation = record.get("incarnation")
+        return [(incarnation if isinstance(incarnation, int) else 0, samples)] if samples else []
+    found = []
+    for index, (incarnation, begins) in enumerate(starts):
+        ends = starts[index + 1][1] if index + 1 < len(starts) else float("inf")
+        own = [sample for sample in samples if begins <= sample["at"] < ends]
+        if own:
+            found.append((incarnation, own))
+    return found
+
+
 def read_series(store: WorkDir, node: str) -> dict[str, Any] | None:
     """A node's health record; None when it wrote none (yet) or it cannot be read."""
     try:
@@ -122,7 +142,13 @@ class HealthRecord:
         self.incarnation = incarnation
         self.interval = interval
         self.latest: Sample | None = None
-        self.samples: list[Sample] = []  # compacted
+        self.samples: list[Sample] = []  # compacted, the earlier starts' first
+        self.starts: list[list[float]] = []
+        if incarnation > 0:  # a replacement: the samples of the starts before it stay in the record
+            earlier = read_series(store, node) or {}
+            if isinstance(earlier.get("incarnation"), int) and earlier["incarnation"] < incarnation:
+                self.samples = [sample for _, samples in incarnation_series(earlier) for sample in samples]
+                self.starts = [[number, samples[0]["at"]] for number, samples in incarnation_series(earlier)]
         self._lock = threading.Lock()
         self._written_at = float("-inf")
         self._unwritten = False
@@ -130,6 +156,8 @@ class HealthRecord:
     def add(self, sample: Sample) -> None:
         """Keep ``sample``; write the record when it is due (always on a local work dir)."""
         with self._lock:
+            if not self.starts or self.starts[-1][0] != self.incarnation:
+                self.starts.append([self.incarnation, sample["at"]])
             self.latest = sample
             self.samples = downsample([*self.samples, compact(sample)])
             self._unwritten = True
@@ -143,7 +171,7 @@ class HealthRecord:
             if not self._unwritten:
                 return
             body = {"node": self.node, "incarnation": self.incarnation, "interval": self.interval,
-                    "latest": self.latest, "samples": self.samples}
+                    "latest": self.latest, "samples": self.samples, "starts": self.starts}
             data = json.dumps(body).encode()
             self._unwritten = False
             self._written_at = time.monotonic()

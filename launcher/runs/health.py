@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from launcher.protocol.health import SAMPLE_SECONDS, WINDOW_SECONDS, Sample, latest_sample, read_series
+from launcher.protocol.health import (SAMPLE_SECONDS, WINDOW_SECONDS, Sample, incarnation_series, latest_sample,
+                                      read_series)
 from launcher.protocol.status import FINAL_STATES
 from launcher.protocol.store import WorkDir
 from launcher.runs.view import RunView
@@ -34,10 +35,12 @@ CPU_THROTTLED = "CPU-throttled (a cgroup CPU quota held it back {share:.0%} of t
 
 @dataclass
 class NodeHealth:
-    """A node's state (its status record's) and its latest sample, if it wrote one."""
+    """A node's state (its status record's) and its latest sample, if it wrote one; where its health record was
+    read, the samples it holds of each start of the node (a replaced node's earlier ones too)."""
     node: str
     state: str
     sample: Sample | None
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     def figure(self, name: str) -> Any:
         return (self.sample or {}).get(name)
@@ -51,7 +54,7 @@ class NodeHealth:
         """The figures ``status --json`` adds to the node's record."""
         return {"health_at": self.figure("at"), "cpu_percent": self.figure("cpu_percent"),
                 "rss_bytes": self.figure("rss_bytes"), "mem_available_bytes": self.figure("mem_available_bytes"),
-                "mem_total_bytes": self.figure("mem_total_bytes"), "gpus": self.gpus}
+                "mem_total_bytes": self.figure("mem_total_bytes"), "gpus": self.gpus, "health_history": self.history}
 
 
 @dataclass
@@ -125,10 +128,12 @@ def step_time(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds >= 0.1 else f"{seconds * 1000:.1f} ms"
 
 
-def assess(states: dict[str, str], samples: dict[str, Sample | None]) -> RunHealth:
+def assess(states: dict[str, str], samples: dict[str, Sample | None],
+           histories: dict[str, list[dict[str, Any]]] | None = None) -> RunHealth:
     """Rows of each node (``states``: node -> state, in order) and of each rank its sample names, the slowest rank
     and the stragglers."""
-    nodes = [NodeHealth(name, state, samples.get(name)) for name, state in states.items()]
+    nodes = [NodeHealth(name, state, samples.get(name), (histories or {}).get(name, []))
+             for name, state in states.items()]
     ranks = sorted((rank for node in nodes for rank in _ranks(node)), key=lambda rank: rank.rank)
     return RunHealth(nodes, ranks, stragglers(ranks), _slowest(ranks))
 
@@ -195,6 +200,13 @@ def node_state(view: RunView, node: str) -> str:
     return view.statuses.get(node, {}).get("state") or "pending"
 
 
+def history(series: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a node's health record holds of each start of the node: its incarnation, first and last sample's time
+    and how many samples (thinned over a long run) are kept."""
+    return [{"incarnation": incarnation, "from": samples[0]["at"], "to": samples[-1]["at"], "samples": len(samples)}
+            for incarnation, samples in incarnation_series(series)]
+
+
 class HealthReader:
     """Reads each node's health record at most every ``every`` seconds: a node adds a sample about that often, and
     the record (whole, up to :data:`~launcher.protocol.health.MAX_SAMPLES` samples) costs far more to read and
@@ -207,10 +219,12 @@ class HealthReader:
         self._series: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
 
     def read(self, view: RunView, run: WorkDir) -> RunHealth:
-        samples = {}
+        samples, histories = {}, {}
         for node in view.info.nodes:
-            samples[node] = latest_sample(view.statuses.get(node), self._series_of(run, node))
-        return assess({node: node_state(view, node) for node in view.info.nodes}, samples)
+            series = self._series_of(run, node)
+            samples[node] = latest_sample(view.statuses.get(node), series)
+            histories[node] = history(series) if series else []
+        return assess({node: node_state(view, node) for node in view.info.nodes}, samples, histories)
 
     def _series_of(self, run: WorkDir, node: str) -> dict[str, Any] | None:
         now = self.clock()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
-from launcher.protocol.health import read_series
+from launcher.protocol.health import incarnation_series, read_series
 from launcher.protocol.store import WorkDir
 
 Point = tuple[float, float | None, float | None]  # (unix time, CPU % of the node's cores, mean GPU util %)
@@ -68,12 +68,14 @@ def _rank_steps(sample: dict[str, Any]) -> dict[int, float | None]:
             if isinstance(rank, str) and rank.isdigit() and isinstance(entry, dict)}
 
 
-def utilisation(node: str, record: dict[str, Any], attempt: int = 1) -> Utilisation | None:
-    """What ``record`` (a node's health record) draws; None when it holds no usable sample."""
-    samples = sorted((sample for sample in record.get("samples") or [] if isinstance(sample, dict)
-                      and _number(sample.get("at")) is not None), key=lambda sample: sample["at"])
-    if not samples:
-        return None
+def utilisations(node: str, record: dict[str, Any], attempt: int = 1) -> list[Utilisation]:
+    """What ``record`` (a node's health record) draws: one per start of the node that took samples (a replaced
+    node's earlier starts' stay in its record), oldest first; none where it holds no usable sample."""
+    return [_drawn(node, sorted(samples, key=lambda sample: sample["at"]), attempt, incarnation)
+            for incarnation, samples in incarnation_series(record)]
+
+
+def _drawn(node: str, samples: list[dict[str, Any]], attempt: int, incarnation: int) -> Utilisation:
     points = [(float(sample["at"]), cpu_of_cores(sample), mean_gpu(sample)) for sample in samples]
     per_sample = [_rank_steps(sample) for sample in samples]
     steps: dict[int, list[RankPoint]] = {}
@@ -81,14 +83,11 @@ def utilisation(node: str, record: dict[str, Any], attempt: int = 1) -> Utilisat
         present = [index for index, figures in enumerate(per_sample) if rank in figures]
         steps[rank] = [(points[index][0], per_sample[index].get(rank))  # None between: not running then
                        for index in range(present[0], present[-1] + 1)]
-    incarnation = record.get("incarnation")
-    return Utilisation(node, points, steps, attempt,
-                       incarnation if isinstance(incarnation, int) and not isinstance(incarnation, bool) else 0)
+    return Utilisation(node, points, steps, attempt, incarnation)
 
 
 def read_utilisation(store: WorkDir, nodes: list[str], attempt: int = 1) -> list[Utilisation]:
     """The health records of ``nodes`` in one attempt's namespace, as drawn; nodes without one are left out."""
     with ThreadPoolExecutor(max_workers=8) as pool:  # one GET per node: side by side on an object store
         records = list(pool.map(lambda node: read_series(store, node), nodes))
-    found = [utilisation(node, record, attempt) for node, record in zip(nodes, records) if record]
-    return [drawn for drawn in found if drawn is not None]
+    return [drawn for node, record in zip(nodes, records) if record for drawn in utilisations(node, record, attempt)]
