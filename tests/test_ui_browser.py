@@ -206,6 +206,12 @@ def test_a_training_runs_log_lines_arrive_and_cancel_after_confirming_ends_it(ru
     assert [row.split()[0:2] for row in rows] == [["t-main", "running"], ["rank", "0"], ["t-worker-0", "running"],
                                                    ["rank", "1"]], rows
     _screenshot(browser, "ui-training-run.png", tmp_path)
+    browser.set_window_size(640, 1000)  # a narrow window: the tables squeeze their columns, never a node's name
+    lines = browser.execute_script(
+        "return [...document.querySelectorAll('#health td:first-child, #nodes td:first-child')].map(td => {"
+        "const r = document.createRange(); r.selectNodeContents(td); return [td.textContent, r.getClientRects().length];})")
+    assert all(count == 1 for _, count in lines), lines
+    browser.set_window_size(1200, 1000)
 
     browser.find_element(By.ID, "cancel").click()
     alert = _wait(browser, expected_conditions.alert_is_present(), "the confirmation")
