@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -127,6 +128,27 @@ def test_attempts_ended_by_their_time_limit_again_and_again_are_never_cancelled_
     assert [attempt["number"] for attempt in status["attempts"]] == [2, 3, 4], status
     assert "cancel" not in run_cli("status", run_id).stdout.lower()
     assert wait_until(lambda: not jobs_left(slurm), 30), jobs_left(slurm)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("slurm")
+def test_a_one_minute_job_trains_until_its_notice_stands_for_even_when_slurm_signals_early(
+        tmp_path, launcher_home, slurm):
+    """time: 1 gives a 15 s notice; Slurm may send it up to 60 s early (it did, 26 s into a job). The ranks are told
+    at EndTime - 15 s, not when the signal comes: the job trains all but its notice."""
+    spec = on_slurm(write_spec(tmp_path, SAVES_ON_SIGTERM, nodes=2), time=1)
+    run = LiveCli(["run", "-f", str(spec)], dict(os.environ), cwd=tmp_path)
+    run_id = run_id_from(run.wait_for(r"^run \S+: 2 nodes on slurm"))
+    run.wait_for(rf"rank 0 starts at step 0 in {re.escape(run_id)}$", timeout=120)
+    began = time.time()  # training began (within the follower's 0.25 s)
+    job = _attempt_job(slurm, f"launcher:{run_id}")
+    limit = _end_time(slurm, job)
+    told_line = run.wait_for(rf"rank 0 got SIGTERM at [\d.]+ in {re.escape(run_id)}:", timeout=120)
+    told = float(re.search(r"got SIGTERM at ([\d.]+)", told_line).group(1))
+    code, output = run.finish(timeout=120)
+    assert limit - 15 - 2 <= told < limit, (told, limit, output[-3000:])  # at the time the notice stands for
+    assert told - began >= 40, (told - began, output[-3000:])  # 60 s, less the start and the notice
+    assert "cancel" not in output.lower(), output
 
 
 @pytest.mark.parametrize("limit, notice, asked", [

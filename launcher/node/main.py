@@ -129,7 +129,11 @@ class Node:
             signal.signal(signum, self._on_signal)
         notice = slurm_limit.notice_seconds(os.environ)
         if notice:
-            slurm_limit.watch(lambda: self._on_time_limit_notice(notice))
+            from launcher.node.sigterm import SLURM_JOB
+
+            job = os.environ.get(SLURM_JOB, "")
+            slurm_limit.watch(lambda: self._on_time_limit_notice(notice),
+                              lambda: slurm_limit.stop_at(job, notice) if job else None, self.say)
         try:
             self.events.start()
             return self._main()

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import time
+from datetime import datetime
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -53,6 +54,7 @@ class Job:
     end_time: float | None
     start_time: float = 0.0  # when it started running (0: not yet, or not stated)
     time_limit: float | None = None  # seconds (None: unlimited, or not stated)
+    ends_at: float | None = None  # a running job's: when the controller ends it at its time limit (None: not said)
 
     @property
     def active(self) -> bool:
@@ -248,7 +250,17 @@ def show_job(job_id: str) -> Job | None:
     return Job(job_id, state, fields.get("Reason", ""), "" if fields.get("NodeList") == "(null)" else
                fields.get("NodeList", ""),
                int(code.split(":")[0]) if code[:1].isdigit() and state in EXIT_CODE_STATES else None, None,
-               time_limit=time_limit_seconds(limit) if limit[:1].isdigit() else None)
+               time_limit=time_limit_seconds(limit) if limit[:1].isdigit() else None,
+               ends_at=_clock_time(fields.get("EndTime")) if state == "RUNNING" and limit[:1].isdigit() else None)
+
+
+def _clock_time(value: str | None) -> float | None:
+    """scontrol's ``2026-12-02T02:10:00`` (the controller's local time, which a node of its cluster shares) as Unix
+    time; None for ``Unknown`` or ``None``."""
+    try:
+        return datetime.fromisoformat(value).timestamp() if value else None
+    except ValueError:
+        return None
 
 
 def most_gpus(partition: str | None) -> int | None:

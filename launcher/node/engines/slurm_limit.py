@@ -4,7 +4,10 @@ Slurm signals every process of a job's step. With ``sbatch --signal=USR1@SECONDS
 timeLimitNotice, :mod:`launcher.backends.slurm.batch`) the notice comes that long before the time limit: the
 node's entry blocks SIGUSR1 (:func:`hold`) before it starts the bootstrap, so that torchrun and the training
 processes, which inherit the mask, are not ended by its default action; the bootstrap alone takes it
-(:func:`watch`) and stops training with SIGTERM, saying "time limit". A SIGTERM with no cancel marker behind it
+(:func:`watch`) and stops training with SIGTERM, saying "time limit". Slurm sends the signal "up to 60 seconds
+earlier than specified" (sbatch(1)), which cost a one-minute job a quarter of its training: the node asks the
+controller for the job's EndTime and stops training at EndTime minus the notice, or when the signal comes if that
+is later (:func:`stop_at`). A SIGTERM with no cancel marker behind it
 is asked about at the controller (:func:`slurm_end`): Slurm's time limit, a node's failure or preemption is
 the node's end, not a cancel.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Callable
 
 NOTICE_VARIABLE = "LAUNCHER_TIME_LIMIT_NOTICE"  # the notice's seconds, exported by the batch script
@@ -46,14 +50,38 @@ def hold() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {NOTICE_SIGNAL})
 
 
-def watch(on_notice: Callable[[], None]) -> None:
-    """Call ``on_notice`` (on a thread of its own) when the notice signal comes; the signal must be held
-    (:func:`hold`, in this process's parent) in every thread, or a thread that does not hold it takes it."""
+RECHECK_SECONDS = 10.0  # while waiting for the promised stop, how often the job's EndTime is asked again
+
+
+def watch(on_notice: Callable[[], None], stop_time: Callable[[], float | None] = lambda: None,
+          say: Callable[[str], None] = lambda _: None) -> None:
+    """Call ``on_notice`` (on a thread of its own) when the notice signal comes, or, where it came early, at
+    ``stop_time()`` (asked again while waiting: a job's limit may be changed); the signal must be held (:func:`hold`,
+    in this process's parent) in every thread, or a thread that does not hold it takes it."""
     def wait() -> None:
         signal.sigwait({NOTICE_SIGNAL})
+        said = False
+        while (at := stop_time()) is not None and (left := at - time.time()) > 0:
+            if not said:
+                say(f"time limit: Slurm's notice came {left:.0f}s before the time it stands for; training goes on "
+                    f"until then")
+                said = True
+            time.sleep(min(left, RECHECK_SECONDS))  # a time to reach, not an event: nothing else says it came
         on_notice()
 
     threading.Thread(target=wait, name="time-limit-notice", daemon=True).start()
+
+
+def stop_at(job_id: str, notice: int) -> float | None:
+    """When the notice stands for: job ``job_id``'s EndTime less ``notice`` seconds (None: the controller cannot say)."""
+    from launcher.backends.slurm.engine import show_job
+    from launcher.errors import BackendError
+
+    try:
+        job = show_job(job_id)
+    except BackendError:
+        return None
+    return job.ends_at - notice if job is not None and job.ends_at is not None else None
 
 
 def notice_reason(job_id: str, seconds: int) -> str:
