@@ -173,6 +173,7 @@ class JobRun:
     started: float | None = None
     finished: float | None = None
     cancelled: float | None = None  # when a cancel was asked for
+    ended_as: str | None = None  # the state it ended in (SUCCEEDED, FAILED, CANCELED), kept once it is DELETED
     log: dict[str, str] = field(default_factory=dict)  # logDetails: logGroupId, logId
 
 
@@ -748,7 +749,7 @@ class OciSim:
 
     def _finish(self, run: JobRun, state: str, details: str, failed_group: str | None) -> None:
         with self.lock:
-            run.state, run.details, run.finished = state, details, time.time()
+            run.state, run.details, run.finished, run.ended_as = state, details, time.time(), state
             run.groups = {name: (("FAILED", details) if name == failed_group else
                                  ("DELETED" if state != "FAILED" else "ACTIVE", "")) for name in run.groups}
 
