@@ -14,6 +14,7 @@ from launcher.protocol.rounds import grouped_history
 from launcher.runs import attempts
 from launcher.runs.health import HealthReader, RunHealth, status_figures
 from launcher.runs.preflight import quick_work_dir
+from launcher.runs.rounds import run_rounds
 from launcher.runs.state import RunInfo, all_runs, resolve_run
 from launcher.runs.view import RunView, closing_line, not_recorded_note, open_run, read_view, record_lost
 from launcher.wording import plural
@@ -46,18 +47,6 @@ def _address(record: dict) -> str:
     return f"{address} ({record['interface']})" if record.get("interface") else address
 
 
-def _rounds(info: RunInfo) -> dict | None:
-    """A recovering run's current membership round, restarts and why each earlier round ended."""
-    from launcher.protocol.rounds import latest_round
-
-    latest = latest_round(open_run(info))
-    if latest is None:
-        return None
-    before = int((info.backend_ids.get(attempts.CURRENT) or {}).get("restarts") or 0)  # its rounds count from 0
-    return {"round": latest.number, "members": latest.members, "restarts": before + latest.restarts,
-            "history": list(latest.history), "give_up": latest.give_up}
-
-
 def _data(info: RunInfo) -> dict | None:
     """The newest epoch's progress of launcher.data.ElasticSampler, for a run that uses it."""
     from launcher.data.progress import read_progress
@@ -80,7 +69,7 @@ def status(ref: str | None, *, as_json: bool) -> int:
         refused = record_lost(view, run)
         if refused:
             print(not_recorded_note(refused), file=sys.stderr)
-    rounds = _rounds(info)
+    rounds = run_rounds(info)
     data = _data(info)
     health = HealthReader().read(view, run)
     if as_json:
