@@ -1,20 +1,23 @@
-"""MkDocs hook: writes the spec reference (from ``schemas/*.json``) and the CLI reference (from launcher's
-argparse parser) while the site builds, so neither page can drift from what the code accepts.
+"""Writes the spec reference (from ``schemas/*.json``) and the CLI reference (from launcher's argparse parser)
+into ``docs/reference/spec.md`` and ``docs/reference/cli.md``, which are committed so that the docs read as
+Markdown (on GitHub, in an editor) link to them too; MkDocs reads them like any other page.
 
-The pages are generated files of the build (``reference/spec.md``, ``reference/cli.md``); nothing is written
-into ``docs/``. ``mkdocs.yml`` names this module under ``hooks:``.
+Run it after changing a schema or the parser: ``.venv/bin/python scripts/reference.py``. tests/test_docs.py
+fails while the committed pages differ from what it writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-SPEC_PAGE = "reference/spec.md"
-CLI_PAGE = "reference/cli.md"
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA_DIR = REPO / "schemas"
+PAGES_DIR = REPO / "docs" / "reference"
+COMMAND = ".venv/bin/python scripts/reference.py"
 
 Schema = dict[str, Any]
 
@@ -136,7 +139,7 @@ def _sections(node: Schema, root: Schema, path: str, label: str = "") -> Iterato
 def spec_reference(schema_dir: Path = SCHEMA_DIR) -> str:
     """The spec reference page: every key of every schema in ``schema_dir``, section by section."""
     parts = ["# Spec reference", "",
-             "Generated from the JSON schemas in `schemas/` each time the site is built; the schemas are what "
+             f"Generated from the JSON schemas in `schemas/` by `{COMMAND}`; the schemas are what "
              "`launcher validate` checks, so this page says exactly what a spec may contain. How the keys work "
              "together is in [Writing a spec](../spec.md).", ""]
     for path in sorted(schema_dir.glob("*.json")):
@@ -185,7 +188,7 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
 
         parser = build_parser()
     parts = ["# CLI reference", "",
-             "Generated from launcher's own argument parser (`launcher/cli.py`) each time the site is built. "
+             f"Generated from launcher's own argument parser (`launcher/cli.py`) by `{COMMAND}`. "
              "What the verbs do on a run is in [Getting started](../getting-started.md); exit statuses are "
              "under [Exit statuses](../getting-started.md#exit-statuses).", "",
              f"```\n{_usage(parser)}\n```", "", parser.description or "", "", *_options_table(parser), ""]
@@ -200,13 +203,24 @@ def cli_reference(parser: argparse.ArgumentParser | None = None) -> str:
     return "\n".join(parts) + "\n"
 
 
-# ---------------------------------------------------------------- the hook
+# ---------------------------------------------------------------- the pages
 
 
-def on_files(files: Any, config: Any) -> Any:
-    """Add the two generated pages to the build."""
-    from mkdocs.structure.files import File
+def pages() -> dict[Path, str]:
+    """Each reference page's path and the text it should hold now."""
+    return {PAGES_DIR / "spec.md": spec_reference(), PAGES_DIR / "cli.md": cli_reference()}
 
-    for uri, content in ((SPEC_PAGE, spec_reference()), (CLI_PAGE, cli_reference())):
-        files.append(File.generated(config, uri, content=content))
-    return files
+
+def main() -> None:
+    sys.path.insert(0, str(REPO))  # this checkout's parser, whatever launcher the interpreter has installed
+    PAGES_DIR.mkdir(exist_ok=True)
+    for path, text in pages().items():
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(REPO)}")
+        else:
+            print(f"{path.relative_to(REPO)} is up to date")
+
+
+if __name__ == "__main__":
+    main()
