@@ -1,6 +1,6 @@
 """The documentation site: it builds with every link and anchor resolved, its generated references are
-committed as the generator writes them now and cover the schemas and the parser whole, and every
-description of what launcher does names the same five backends."""
+committed as the generator writes them now and cover the schemas and the parser whole, getting started
+names every verb, and every description of what launcher does names the same five backends."""
 
 from __future__ import annotations
 
@@ -116,6 +116,13 @@ def test_the_cli_reference_names_every_subcommand_and_option(site):
             if not isinstance(action, argparse._HelpAction):  # -h is argparse's own, the same on every verb
                 for option in action.option_strings:
                     assert option in options.replace(",", " ").split(), (name, option)
+
+
+def test_getting_started_names_every_verb():
+    page = (REPO / "docs" / "getting-started.md").read_text()
+    verbs = page.split("\n## The verbs\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^launcher ([a-z-]+)", verbs, re.M))
+    assert set(_subcommands(build_parser())) - named == set(), "add them to The verbs in docs/getting-started.md"
 
 
 def test_help_names_the_five_backends():
