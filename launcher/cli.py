@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     _run_arg(p)
     p.add_argument("--once", action="store_true", help="print one table and exit 0 (for scripts); otherwise the "
                    "exit status is the run's, as watch's")
+    p.add_argument("--wide", action="store_true", help="every column whole, however wide the terminal; "
+                   "otherwise the table fits it (COLUMNS, else the terminal's width, else 80 when not a terminal): "
+                   "long cells are cut and the least needed columns left out, as a line below it says")
     p.set_defaults(handler=_top)
 
     p = verbs.add_parser("show-config", help="the elected main, MASTER_ADDR/PORT, node ranks and world size")
@@ -272,7 +275,7 @@ def _status(args: argparse.Namespace) -> int:
 def _top(args: argparse.Namespace) -> int:
     from launcher.commands.top import top
 
-    return top(args.run, once=args.once)
+    return top(args.run, once=args.once, wide=args.wide)
 
 
 def _show_config(args: argparse.Namespace) -> int:

@@ -265,7 +265,7 @@ def cli_process(*args: str, limit: float = 120) -> Iterator[subprocess.Popen]:
 
 
 def top_once(run_id: str) -> subprocess.CompletedProcess:
-    return run_cli("top", run_id, "--once")
+    return run_cli("top", run_id, "--once", "--wide")  # every column whole (tests/test_top.py fits them)
 
 
 def test_top_once_shows_nodes_and_ranks_with_the_slowest_and_the_straggler_marked(tmp_path, launcher_home):
@@ -318,7 +318,7 @@ def test_top_says_when_there_are_no_figures_yet_and_when_a_run_ended_without(tmp
 def test_top_refreshes_until_the_run_ends_then_shows_the_last_table_and_exits_with_its_status(tmp_path,
                                                                                              launcher_home):
     run = four_ranks(tmp_path, (0.2, 0.2, 0.2, 0.5))
-    with cli_process("top", run.recorded()) as process:
+    with cli_process("top", run.recorded(), "--wide") as process:
         first = []
         for line in process.stdout:  # the first table is out once its straggler line is
             first.append(line)

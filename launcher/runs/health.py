@@ -41,6 +41,7 @@ class NodeHealth:
     state: str
     sample: Sample | None
     history: list[dict[str, Any]] = field(default_factory=list)
+    restarted: bool = False  # started again since its newest sample, which is its predecessor's and not shown
 
     def figure(self, name: str) -> Any:
         return (self.sample or {}).get(name)
@@ -129,10 +130,11 @@ def step_time(seconds: float) -> str:
 
 
 def assess(states: dict[str, str], samples: dict[str, Sample | None],
-           histories: dict[str, list[dict[str, Any]]] | None = None) -> RunHealth:
+           histories: dict[str, list[dict[str, Any]]] | None = None,
+           restarted: frozenset[str] = frozenset()) -> RunHealth:
     """Rows of each node (``states``: node -> state, in order) and of each rank its sample names, the slowest rank
-    and the stragglers."""
-    nodes = [NodeHealth(name, state, samples.get(name), (histories or {}).get(name, []))
+    and the stragglers. ``restarted``: the nodes started again since their newest sample (given as None)."""
+    nodes = [NodeHealth(name, state, samples.get(name), (histories or {}).get(name, []), name in restarted)
              for name, state in states.items()]
     ranks = sorted((rank for node in nodes for rank in _ranks(node)), key=lambda rank: rank.rank)
     return RunHealth(nodes, ranks, stragglers(ranks), _slowest(ranks))
@@ -200,6 +202,16 @@ def node_state(view: RunView, node: str) -> str:
     return view.statuses.get(node, {}).get("state") or "pending"
 
 
+def _of_an_earlier_start(status: dict[str, Any] | None, sample: Sample | None,
+                         starts: list[dict[str, Any]]) -> bool:
+    """``sample`` was taken by an earlier start of the node than the one that wrote its status record (``starts``:
+    its health record's :func:`history`)."""
+    if sample is None or not status or sample == status.get("health") or not starts:
+        return False  # a heartbeat's sample is always its writer's own
+    current, sampled_by = status.get("incarnation"), starts[-1].get("incarnation")
+    return isinstance(current, int) and isinstance(sampled_by, int) and sampled_by < current
+
+
 def history(series: dict[str, Any]) -> list[dict[str, Any]]:
     """What a node's health record holds of each start of the node: its incarnation, first and last sample's time
     and how many samples (thinned over a long run) are kept."""
@@ -219,12 +231,19 @@ class HealthReader:
         self._series: dict[tuple[str, str], tuple[float, dict[str, Any] | None]] = {}
 
     def read(self, view: RunView, run: WorkDir) -> RunHealth:
-        samples, histories = {}, {}
+        """Each node's newest sample of its current start: a replacement that has not sampled yet shows none of its
+        predecessor's figures (a killed main's ``running 32%`` stayed on screen for seconds)."""
+        samples, histories, restarted = {}, {}, set()
         for node in view.info.nodes:
             series = self._series_of(run, node)
-            samples[node] = latest_sample(view.statuses.get(node), series)
+            status = view.statuses.get(node)
             histories[node] = history(series) if series else []
-        return assess({node: node_state(view, node) for node in view.info.nodes}, samples, histories)
+            samples[node] = latest_sample(status, series)
+            if _of_an_earlier_start(status, samples[node], histories[node]):
+                samples[node] = None
+                restarted.add(node)
+        return assess({node: node_state(view, node) for node in view.info.nodes}, samples, histories,
+                      frozenset(restarted))
 
     def _series_of(self, run: WorkDir, node: str) -> dict[str, Any] | None:
         now = self.clock()
