@@ -1,4 +1,6 @@
-"""The hang watchdog (``hangTimeout``): when every training process of this node has been silent that long, take
+"""The hang watchdog (``hangTimeout``): when every training process of this node has been silent that long (no line
+written and no step counted: most scripts print from rank 0 only, and the ranks that train in silence are not
+hung), take
 every rank's Python stack without stopping it (:mod:`launcher.node.diagnosis.stacks`) and name the culprit: a rank here
 outside any collective is what the others wait for; ranks that all wait in collectives give the culprit's node
 time to name itself, else point at peers whose ranks returned early, else at mismatched collectives."""
@@ -9,11 +11,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from launcher.node.health.ranks import counted_steps, read_progress
 from launcher.protocol.control import StopRequest
 from launcher.node.torchrun.ranklogs import RankLogs
 from launcher.protocol.status import StatusRecord, status_key
 from launcher.protocol.store import StoreError, WorkDir
 
+PROGRESS_READ_SECONDS = 1.0  # a training process writes its step count at most once a second
 HANG_PEER_GRACE_SECONDS = 10.0  # how long a hung node whose ranks all wait in collectives waits for the culprit's
 STACK_LINES_SHOWN = 12
 
@@ -38,16 +42,33 @@ class HangWatch:
         self.status = status
         self.say = say
         self.ranks_ended = False  # every training process here ended well; torchrun waits for the other nodes
+        self._steps: dict[int, tuple[int, int]] = {}  # local rank -> (its pid, the steps it had counted)
+        self._stepped: dict[int, float] = {}  # local rank -> monotonic time its step count was seen to grow
+        self._progress_read = float("-inf")
 
     def check(self, rank_logs: RankLogs, training_started: float,
               await_stop: Callable[[float], StopRequest | None]) -> Verdict | None:
         """None while no hang is seen (or the ranks here ended well); else what it means for this node."""
         timeout = self.timeout
         now = time.monotonic()
-        if not timeout or self.ranks_ended or any(now - rank_logs.last_output.get(local, training_started) < timeout
-                                                  for local in range(self.processes)):
+        if not timeout or self.ranks_ended:
+            return None
+        self._note_steps(now)
+        if any(now - max(rank_logs.last_output.get(local, training_started), self._stepped.get(local, float("-inf")))
+               < timeout for local in range(self.processes)):
             return None
         return self._diagnose(rank_logs, timeout, await_stop)
+
+    def _note_steps(self, now: float) -> None:
+        """When each training process here last counted a step (its progress record, :mod:`launcher.data.rankprogress`)."""
+        if now - self._progress_read < PROGRESS_READ_SECONDS:
+            return
+        self._progress_read = now
+        for local, record in read_progress(self.stacks_dir).items():
+            seen = (record["pid"], counted_steps(record)[0])
+            if seen != self._steps.get(local) and seen[1] > 0:
+                self._stepped[local] = now
+            self._steps[local] = seen
 
     def _diagnose(self, rank_logs: RankLogs, timeout: float,
                   await_stop: Callable[[float], StopRequest | None]) -> Verdict | None:
