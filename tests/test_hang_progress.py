@@ -1,5 +1,7 @@
-"""Ranks that train without printing are not hung (found by the chaos soak, benchmarks/chaos.py): the hang watch
-counts a step as progress, as it counts a line. Real torchrun and gloo on 2 local nodes through the real CLI."""
+"""The hang watch as the chaos soak (benchmarks/chaos.py) found it wanting: ranks that train without printing are
+not hung (a step counts as progress, as a line does), and in a recovering run a hang ends the round, which the
+policy retries where ``recovery.retryOn`` has ``failure``, rather than the run. Real torchrun and gloo on 2 local
+nodes through the real CLI."""
 
 from __future__ import annotations
 
@@ -51,3 +53,32 @@ def test_a_rank_that_stops_stepping_is_still_hung(tmp_path, launcher_home):
     assert done.returncode == 1, done.stdout[-3000:]
     assert f"cause: hung: rank 1 made no progress for {TIMEOUT}s outside any collective" in done.stdout, \
         done.stdout[-3000:]
+
+
+# Rank 1 hangs in round 0 only (silent, outside any collective); every round after trains and ends.
+HANGS_IN_ROUND_0 = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()} in round {os.environ['LAUNCHER_ROUND']}", flush=True)
+if dist.get_rank() == 1 and os.environ["LAUNCHER_ROUND"] == "0":
+    time.sleep(600)
+dist.all_reduce(torch.ones(1))
+print(f"rank {dist.get_rank()} done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("retry_on", [["lost", "failure"], ["lost"]])
+def test_a_hang_in_a_recovering_run_ends_the_round_and_the_policy_decides(tmp_path, launcher_home, retry_on):
+    cluster = {"hangTimeout": TIMEOUT, "recovery": {"maxRestarts": 2, "retryOn": retry_on}}
+    spec = write_spec(tmp_path, HANGS_IN_ROUND_0, nodes=2, extra_cluster=cluster)
+    done = run_cli("run", "-f", str(spec), cwd=tmp_path, timeout=180)
+    hung = f"hung: rank 1 made no progress for {TIMEOUT}s outside any collective"
+    if "failure" in retry_on:  # retried: round 1 trains to the end
+        assert done.returncode == 0, done.stdout[-3000:]
+        assert "rank 1 in round 1" in done.stdout and "rank 1 done" in done.stdout, done.stdout[-3000:]
+        assert f"round 0 ended: {hung}" in done.stdout, done.stdout[-3000:]
+    else:  # not retried: the run stops at once, naming the hang and the policy
+        assert done.returncode == 1, done.stdout[-3000:]
+        assert "cause: not retried (exit status 124 is not in recovery.retryOn): node t-worker-0: " + hung \
+            in done.stdout, done.stdout[-3000:]
+        assert "rank 1 in round 1" not in done.stdout

@@ -48,6 +48,9 @@ def decide(ended: Ended, decision: Decision, *, node: str, rendezvous_timeout: f
     """How training ended for ``node``. ``cause_here`` reads torchrun's and the ranks' output (called only where a
     cause is needed, and while the rank logs exist); ``peer_stop`` reads a cancel or a peer's failure marker, waiting
     a moment for it when this node's ranks only lost a peer."""
+    if ended.own_failure and recovering and not stop_request:  # a hang ends the round: the policy decides
+        return Outcome("waiting", ended.own_failure, EXIT_TIMED_OUT, next_round=True,
+                       round_end=RoundEnd(node, FAILURE, ended.own_failure, EXIT_TIMED_OUT, time.time()))
     if ended.own_failure:
         return Outcome("failed", ended.own_failure, EXIT_TIMED_OUT, mark_failed=True)
     if ended.store_failure:
@@ -82,7 +85,8 @@ def decide(ended: Ended, decision: Decision, *, node: str, rendezvous_timeout: f
 
 def round_outcome(ended: Ended, node: str, cause_here: Callable[[], Cause]) -> Outcome:
     """A recovering run whose round ended: why, as ``node`` saw it (killed / failure / a lost peer), or by others.
-    (This node's own failures, a hang or the work dir, end the run: :func:`decide` returns those first.)"""
+    (A hang here ends the round as a failure of exit status 124, retried where ``recovery.retryOn`` has
+    ``failure`` or 124; the work dir lost ends the run: :func:`decide` returns those first.)"""
     if ended.round_over:
         return Outcome("waiting", None, 0, next_round=True)
     cause = cause_here()
