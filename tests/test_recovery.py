@@ -32,19 +32,21 @@ rank, world = dist.get_rank(), dist.get_world_size()
 checkpoints = os.environ["LAUNCHER_CHECKPOINT_DIR"]
 path = os.path.join(checkpoints, "state.pt")
 state = torch.load(path) if os.path.exists(path) else {{"epoch": 0, "w": torch.zeros(4)}}
-w = state["w"]
+w = torch.nn.Parameter(state["w"])
+optimizer = torch.optim.SGD([w], lr=0.1)  # its steps are what launcher counts as the job's
 print(f"rank {{rank}} of {{world}}: resuming after epoch {{state['epoch']}}", flush=True)
 for epoch in range(state["epoch"] + 1, {EPOCHS} + 1):
     if os.environ.get("FAIL_AT") == str(epoch) and rank == 1:
         raise ValueError(f"bad batch at epoch {{epoch}}")
-    grad = w - 1.0
+    grad = w.detach() - 1.0
     dist.all_reduce(grad)
-    w = w - 0.1 * grad / world
+    w.grad = grad / world
+    optimizer.step()
     time.sleep(0.3)
     if rank == 0:
-        torch.save({{"epoch": epoch, "w": w}}, os.path.join(checkpoints, ".state.tmp"))
+        torch.save({{"epoch": epoch, "w": w.detach()}}, os.path.join(checkpoints, ".state.tmp"))
         os.replace(os.path.join(checkpoints, ".state.tmp"), path)
-        torch.save(w, os.path.join(os.environ["LAUNCHER_OUTPUTS_DIR"], "model.pt"))
+        torch.save(w.detach(), os.path.join(os.environ["LAUNCHER_OUTPUTS_DIR"], "model.pt"))
     print(f"rank {{rank}}: epoch {{epoch}}", flush=True)
 dist.destroy_process_group()
 """
@@ -130,6 +132,16 @@ def test_a_static_run_with_restarts_resumes_from_its_checkpoint(tmp_path, launch
     assert (death["round"], again["round"]) == (0, 1) and death["at"] <= replaced["at"] < again["at"]
     survivors_torchrun = next(e for e in events if e["phase"] == "torchrun" and e["node"] == "t-main" and e["round"] == 1)
     assert survivors_torchrun["detail"].startswith("a spare, ")  # started while round 0 trained
+    # where the recovery's seconds went: each phase after the death, up to the optimizer's first step of every rank
+    [recovery] = json.loads(run_cli("timeline", run_id, "--json").stdout)["recoveries"]
+    phases = {phase["phase"]: phase for phase in recovery["phases"]}
+    assert (recovery["round"], recovery["kind"], recovery["node"]) == (1, "lost", "t-worker-0"), recovery
+    after = [phases[name]["after_s"] for name in ("registered", "round-decided", "torchrun", "rank-started",
+                                                  "first-step")]
+    assert None not in after and after == sorted(after) and after[0] >= 0, recovery
+    assert phases["first-step"]["at"] == again["at"]  # training again is the last rank's first step
+    assert "recovery (round 1): death seen at" in run_cli("timeline", run_id).stdout
+    assert json.loads(run_cli("status", run_id, "--json").stdout)["recoveries"] == [recovery]
 
 
 @pytest.mark.parametrize("recovery, said", [

@@ -19,11 +19,12 @@ from clirun import run_id_from
 from cluster import write_spec
 from conftest import require, run_cli
 from test_oci import project, sim  # noqa: F401 - fixtures: the OCI simulation and the seed 004 project in it
-from launcher.commands.timeline import table_rows
+from launcher.commands.timeline import breakdown, table_rows
 from launcher.protocol import events as node_events
 from launcher.protocol.events import EventLog
 from launcher.protocol.store import WorkDir
 from launcher.runs import timeline as tl
+from launcher.runs.recoveries import recoveries
 
 T0 = 1_000_000.0  # submitted
 
@@ -547,3 +548,38 @@ def test_a_real_run_retried_whole_shows_each_attempt_in_the_table_and_the_pictur
                                                                           (tl.ATTEMPT_ENDED, "2")]
     assert all(end["text"].startswith(f"attempt {end['attempt']} ended at ") for end in page["ends"])
     assert page["ends"][0]["text"].endswith("; retried as attempt 2 (restart 1 of 1)")  # cut in the middle if long
+
+
+def test_a_recovery_is_broken_down_by_phase_and_names_whom_each_waited_for():
+    records = recovery_records()
+    for each in records.batches:
+        if each["node"] == "w-1" and each["incarnation"] == 1:  # the replacement, started cold
+            each["events"] += [{"phase": "rank-started", "at": T0 + 14.2, "round": 1, "rank": 2},
+                               {"phase": "first-step", "at": T0 + 15.5, "round": 1, "rank": 2, "source": "loader"},
+                               {"phase": "first-step", "at": T0 + 15.9, "round": 1, "rank": 2, "source": "optimizer"}]
+        elif each["incarnation"] == 0 and each["node"] != "w-1":
+            rank = 0 if each["node"] == "m" else 1
+            each["events"] += [{"phase": "rank-started", "at": T0 + 13.0, "round": 1, "rank": rank},
+                               {"phase": "first-step", "at": T0 + 15.0, "round": 1, "rank": rank,
+                                "source": "optimizer"}]
+    found = timeline_of(records, ["m", "w-0", "w-1"])
+    again = [event for event in found.events if event.phase == tl.TRAINING_AGAIN]
+    # the last rank's first step, by the optimizer (which comes before the loader's batch in precedence)
+    assert [(e.round, round(e.at - T0, 2)) for e in again] == [(1, 15.9)]
+    [recovery] = recoveries(found)
+    assert (recovery.round, recovery.kind, recovery.node) == (1, "lost", "w-1")
+    assert [(p.name, None if p.at is None else round(p.at - T0, 2), p.node) for p in recovery.phases] == [
+        ("ended", 10.0, "w-1"), ("registered", 11.5, "w-1"), ("round-decided", 12.0, None),
+        ("torchrun", 12.7, "w-1"), ("rank-started", 14.2, "w-1"), ("first-step", 15.9, "w-1")]
+    assert recovery.cold == ("m", "w-0", "w-1")  # no torchrun of round 1 was a spare's
+    text = breakdown(found, recovery)
+    assert text.splitlines()[0].startswith("recovery (round 1): death seen at 10.00 s")
+    assert "first step" in text and "+5.90" in text and "w-1 (cold: no spare)" in text, text
+
+
+def test_a_recovery_whose_ranks_count_no_steps_says_so_and_falls_back_to_the_first_line():
+    found = timeline_of(recovery_records(), ["m", "w-0", "w-1"])
+    [recovery] = recoveries(found)
+    assert recovery.phase("first-step").at is None and round(recovery.first_line - T0, 2) == 14.0
+    assert "no first step counted" in breakdown(found, recovery)
+    assert "first training line +4.00" in breakdown(found, recovery)

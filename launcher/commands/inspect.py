@@ -55,6 +55,13 @@ def _data(info: RunInfo) -> dict | None:
     return latest[-1].as_dict() if latest else None
 
 
+def _recoveries(info: RunInfo) -> list[dict]:
+    """Where each recovery's seconds went (launcher.runs.recoveries), for a run that trained in rounds."""
+    from launcher.runs import recoveries
+
+    return [each.to_dict() for each in recoveries.read(info)]
+
+
 def _record(view: RunView, node: str, health: RunHealth) -> dict | None:
     """The node's status record, with its rank now (none once it has left) and its latest figures."""
     record = view.statuses.get(node)
@@ -76,7 +83,7 @@ def status(ref: str | None, *, as_json: bool) -> int:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
                    "result": view.result, "submission_error": info.submission_error or None,
                    "attempts": [asdict(attempt) for attempt in view.attempts],
-                   "rounds": rounds, "data": data,
+                   "rounds": rounds, "recoveries": _recoveries(info) if rounds else [], "data": data,
                    "work_dir": info.run_url, "nodes": {n: _record(view, n, health) for n in info.nodes},
                    **status_figures(health),
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),

@@ -10,6 +10,7 @@ from statistics import median
 from launcher.commands.inspect import _table
 from launcher.errors import EXIT_OK, BackendError, BadInput
 from launcher.protocol import events as node_events
+from launcher.runs import recoveries as rec
 from launcher.runs import timeline as tl
 from launcher.runs import timeline_fold as fold
 from launcher.runs.state import resolve_run
@@ -26,8 +27,9 @@ def timeline(run_ref: str | None, *, output: str | None, as_json: bool, all_node
         raise BadInput(f"-o {output}: the picture is written as .html or .svg (by the file's name)")
     info = resolve_run(run_ref)
     found = tl.read_timeline(info)
+    recovered = rec.recoveries(found)
     if as_json:
-        json.dump(found.to_dict(), sys.stdout, indent=2)
+        json.dump({**found.to_dict(), "recoveries": [each.to_dict() for each in recovered]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     if output:
         _write(found, Path(output), all_nodes)
@@ -40,6 +42,8 @@ def timeline(run_ref: str | None, *, output: str | None, as_json: bool, all_node
         print(_table(table_rows(found, lanes)))
         if lanes.folded:
             print(fold_note(found, lanes))
+        for each in recovered:
+            print(f"\n{breakdown(found, each)}")
         if output:
             print(f"picture: {output}")
     return EXIT_OK
@@ -132,3 +136,30 @@ def fold_note(found: tl.Timeline, lanes: fold.Lanes) -> str:
     folded = sum(len(each.nodes) for each in lanes.folds)
     return (f"{len(found.nodes):,} nodes: NODES, MIN, MEDIAN and MAX are over every node; shown on their own: {shown}; "
             f"{folded:,} more not shown (--all-nodes shows every node)")
+
+
+def breakdown(found: tl.Timeline, recovery: rec.Recovery) -> str:
+    """Where one recovery's seconds went: each phase after the round before ended, the seconds since the phase
+    before, and the member the round waited for (the last to get there)."""
+    where = f"attempt {recovery.attempt}, " if found.attempts > 1 else ""
+    ended = recovery.ended
+    since = f" at {found.seconds(ended):.2f} s" if ended is not None else ""
+    lines = [f"recovery ({where}round {recovery.round}): {recovery.ended_label}{since}, {recovery.cause}"]
+    rows = [["PHASE", "AFTER", "STEP", "WAITED FOR"]]
+    previous = ended
+    for phase in recovery.phases[1:]:
+        after = recovery.after(phase.at)
+        step = None if phase.at is None or previous is None else phase.at - previous
+        who = phase.node or ""
+        if phase.name == rec.TORCHRUN and phase.node:
+            who += " (cold: no spare)" if phase.node in recovery.cold else " (a spare)"
+        rows.append([phase.label, "-" if after is None else f"+{after:.2f}", "-" if step is None else f"{step:.2f}",
+                     who])
+        previous = phase.at if phase.at is not None else previous
+    lines.append(_table(rows))
+    if recovery.phase(rec.FIRST_STEP).at is None:
+        first = recovery.after(recovery.first_line)
+        lines.append("no first step counted (the script neither steps a torch.optim optimizer, iterates a DataLoader "
+                     "nor calls launcher.data.report)" + (f"; first training line +{first:.2f}" if first is not None
+                                                          else ""))
+    return "\n".join("  " + line if index else line for index, line in enumerate("\n".join(lines).splitlines()))

@@ -8,6 +8,10 @@ registered once the script has imported ``torch.optim``; this module never impor
 step per batch, with its samples and the time the script waited for it, once it has imported
 ``torch.utils.data``). Readers take the first of those that counted anything, in that order.
 
+Each record also says when the process became this rank's training process (``started_at``: its hooks ran with a
+rank, just before the script's first line; a warm interpreter's once it was handed its rank) and when each source
+counted its first step (``first_step_at``), for the node's timeline events (a recovery's "first step").
+
 Standard library only: the rank hooks (``sitecustomize``) load this file under its own module name before the
 script runs, without importing launcher's package. Outside launcher (no stacks dir or local rank in the
 environment) nothing is counted or written. Nothing here raises into training.
@@ -50,13 +54,16 @@ class Counters:
         self.data_wait_s = 0.0
         self.data_cpu_s = 0.0
         self.metrics: dict[str, float] = {}
+        self.first_step_at: dict[str, float] = {}  # source -> when it counted its first step (Unix time)
+        self.started_at: float | None = None  # when this process became a rank's training process
         self.version = 0
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             return {"steps": dict(self.steps), "samples": self.samples, "data_wait_s": round(self.data_wait_s, 6),
                     "data_cpu_s": round(self.data_cpu_s, 6),
-                    "metrics": dict(self.metrics)}
+                    "metrics": dict(self.metrics), "first_step_at": dict(self.first_step_at),
+                    "started_at": self.started_at}
 
 
 counters = Counters()
@@ -75,6 +82,8 @@ def report(step: int, **metrics: float) -> None:
             return
         with counters.lock:
             counters.steps["report"] = step
+            if step > 0:
+                counters.first_step_at.setdefault("report", time.time())
             for name, value in metrics.items():
                 name = str(name)[:MAX_METRIC_NAME]
                 if name not in counters.metrics and len(counters.metrics) >= MAX_METRICS:
@@ -91,6 +100,8 @@ def count(source: str, samples: int = 0, waited: float = 0.0, waited_cpu: float 
     for them, and the CPU seconds of those its own thread spent making them (a loader without workers)."""
     with counters.lock:
         counters.steps[source] = counters.steps.get(source, 0) + 1
+        if source not in counters.first_step_at:
+            counters.first_step_at[source] = time.time()
         counters.samples += samples
         counters.data_wait_s += waited
         counters.data_cpu_s += waited_cpu
@@ -160,22 +171,34 @@ def start() -> None:
     with _start_lock:
         if _writer is not None:
             return
+        with counters.lock:
+            counters.started_at = time.time()
+            counters.version += 1
         _writer = threading.Thread(target=_write_while_alive, args=(path,), name="launcher-progress", daemon=True)
         _writer.start()
     atexit.register(_write, path, -1)  # the last steps, when the script ends between two writes
 
 
+HOOK_SECONDS = 0.05  # how often, until both are hooked, to look whether the script has imported torch.optim and
+HOOK_WINDOW = 120.0  # torch.utils.data, for this long from the start: a step before its hook is a step uncounted
+
+
 def _write_while_alive(path: str) -> None:
     optimizers = loaders = False
     written = -1
+    begun = time.monotonic()
+    next_write = begun
     while True:
         try:
             optimizers = optimizers or _hook_optimizers()
             loaders = loaders or hook_loaders()
-            written = _write(path, written)
+            if time.monotonic() >= next_write:
+                written = _write(path, written)
+                next_write = time.monotonic() + WRITE_SECONDS
         except Exception:  # noqa: BLE001 - a full disk, a removed directory: no progress, training goes on
             pass
-        time.sleep(WRITE_SECONDS)
+        looking = not (optimizers and loaders) and time.monotonic() - begun < HOOK_WINDOW
+        time.sleep(HOOK_SECONDS if looking else max(0.0, next_write - time.monotonic()))
 
 
 def _write(path: str, written: int) -> int:

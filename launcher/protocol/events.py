@@ -35,12 +35,16 @@ REGISTERED = "registered"  # it registered and waits for the decision (of a roun
 DECIDED = "decided"  # it learned the decision: its rank, the main
 RESTORED = "restored"  # it restored the newest outputs (checkpoints) before training
 TORCHRUN = "torchrun"  # torchrun started
+RANK_STARTED = "rank-started"  # a training process (``rank``) is about to run the script's first line (its hooks ran
+#   with a rank: at its interpreter's start, or, warm, once handed its rank), as its progress record says
 FIRST_LINE = "first-line"  # a training process (``rank``) wrote its first line
+FIRST_STEP = "first-step"  # a training process (``rank``) counted its first step (``source``: who counted it)
 LAST_LINE = "last-line"  # a training process's last line (recorded once torchrun exited)
 RANK_EXITED = "rank-exited"  # a training process ended (``rank``): its output pipe closed
 EXITED = "exited"  # torchrun exited (``code``): training ended, or the node stopped it
 SYNCED = "synced"  # the node's final outputs sync ended (``failed``: whether it failed)
-NODE_PHASES = (STARTED, REGISTERED, DECIDED, RESTORED, TORCHRUN, FIRST_LINE, LAST_LINE, RANK_EXITED, EXITED, SYNCED)
+NODE_PHASES = (STARTED, REGISTERED, DECIDED, RESTORED, TORCHRUN, RANK_STARTED, FIRST_LINE, FIRST_STEP, LAST_LINE,
+               RANK_EXITED, EXITED, SYNCED)
 
 
 def batch_key(node: str, incarnation: int, seq: int) -> str:

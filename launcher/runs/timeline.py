@@ -39,7 +39,7 @@ DEATH = "death"  # a node died without reporting, as its supervisor (or a reader
 JOINS = "joins"  # a node (a replacement, one `launcher scale` added) asked to join the next round
 LEAVE_ASKED = "asked-to-leave"  # `launcher scale` asked a node to leave (control/leave.{node}.json)
 LEAVES = "leaves"  # a node asked to leave ended its round to go
-TRAINING_AGAIN = "training-again"  # the first training line of a round after the first
+TRAINING_AGAIN = "training-again"  # a round after the first trains: every rank's first step (else its first line)
 SCALE = "scale"  # `launcher scale` asked for a size
 CANCELLED = "cancel"  # `launcher cancel` (or an interrupt) asked every node to stop
 LIMIT_REACHED = "limit"  # the run reached its maxRuntime
@@ -55,7 +55,8 @@ LABELS = {
     RECORDED: "final status recorded", RUN_STOPPED: "run stopped",
     node_events.STARTED: "process started", node_events.REGISTERED: "registered",
     node_events.DECIDED: "rank learned", node_events.RESTORED: "outputs restored",
-    node_events.TORCHRUN: "torchrun started", node_events.FIRST_LINE: "first training line",
+    node_events.TORCHRUN: "torchrun started", node_events.RANK_STARTED: "training process started",
+    node_events.FIRST_LINE: "first training line", node_events.FIRST_STEP: "first step",
     node_events.LAST_LINE: "last training line", node_events.RANK_EXITED: "training processes exited",
     node_events.EXITED: "torchrun exited",
     node_events.SYNCED: "outputs synced",
@@ -133,6 +134,7 @@ def derive(records: Records, attempt: int = 1) -> list[Event]:
         found.append(Event(submitted, SUBMITTED, attempt=attempt))
     for batch in records.batches:
         found += _node_events(batch, attempt)
+    found = _first_steps(found)
     starts = _starts(found)
     for number, ends in sorted(records.ends.items()):
         found += _round_ends(number, ends, starts, attempt)
@@ -174,6 +176,26 @@ def _node_events(batch: dict[str, Any], attempt: int) -> list[Event]:
     return found
 
 
+def _first_steps(found: list[Event]) -> list[Event]:
+    """``found`` with one first step per rank and round: the one counted by the source steps are read from (the
+    script's report, else an optimizer's, else a DataLoader's: launcher.data.rankprogress.SOURCES)."""
+    from launcher.data.rankprogress import SOURCES
+
+    best: dict[tuple, Event] = {}
+    for event in found:
+        if event.phase == node_events.FIRST_STEP:
+            key = (event.node, event.incarnation, event.round, event.rank)
+            held = best.get(key)
+            if held is None or _precedence(event.detail, SOURCES) < _precedence(held.detail, SOURCES):
+                best[key] = event
+    kept = set(map(id, best.values()))
+    return [event for event in found if event.phase != node_events.FIRST_STEP or id(event) in kept]
+
+
+def _precedence(source: str, sources: tuple[str, ...]) -> int:
+    return sources.index(source) if source in sources else len(sources)
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -190,6 +212,8 @@ def _node_detail(event: dict[str, Any]) -> str:
         return f"node rank {event['rank']}"
     if phase == node_events.STARTED and event.get("pid"):
         return f"pid {event['pid']}"
+    if phase == node_events.FIRST_STEP:
+        return str(event.get("source") or "")
     if phase == node_events.TORCHRUN and event.get("spare"):
         # events written before the spare said when its imports were done carry no spare_imported
         return "a spare, still importing" if event.get("spare_imported") is False else "a spare, its imports done"
@@ -255,22 +279,35 @@ def _scale_words(wish: dict[str, Any]) -> str:
 
 def _rounds(found: list[Event], decided: Iterable[int], attempt: int) -> list[Event]:
     """The run's own marks of each round: decided (the first node to learn it), training again (rounds after the
-    first: the first training line, and how long after the round before ended)."""
+    first: once every rank that counts its steps has counted its first, else the first training line; and how long
+    after the round before ended)."""
     marks = []
     learned = [event for event in found if event.phase == node_events.DECIDED]
     for number in sorted(set(decided) | {event.round for event in learned if event.round is not None}):
         of_round = [event for event in learned if event.round == number]
         if of_round:
             marks.append(Event(min(event.at for event in of_round), ROUND_DECIDED, None, number, attempt=attempt))
-        first_lines = [event.at for event in found if event.phase == node_events.FIRST_LINE and event.round == number]
+        again = training_again(found, number)
         ended = [event.at for event in found if event.phase == ROUND_ENDED and event.node is None
                  and event.round == number - 1]
-        if number > 0 and first_lines:
-            after = f"{min(first_lines) - ended[0]:.2f} s after round {number - 1} ended" if ended else ""
-            marks.append(Event(min(first_lines), TRAINING_AGAIN, None, number, attempt=attempt, detail=after))
+        if number > 0 and again is not None:
+            after = f"{again - ended[0]:.2f} s after round {number - 1} ended" if ended else ""
+            marks.append(Event(again, TRAINING_AGAIN, None, number, attempt=attempt, detail=after))
     if not decided and learned:  # a static run: one decision, no rounds
         marks.append(Event(min(event.at for event in learned), ROUND_DECIDED, None, None, attempt=attempt))
     return marks
+
+
+def training_again(events: Iterable[Event], number: int) -> float | None:
+    """When round ``number`` trains: its last rank's first step, where its ranks count steps; else its first training
+    line (a script that neither steps an optimizer nor iterates a DataLoader, nor reports); None: neither yet."""
+    steps, lines = [], []
+    for event in events:
+        if event.round == number and event.phase == node_events.FIRST_STEP:
+            steps.append(event.at)
+        elif event.round == number and event.phase == node_events.FIRST_LINE:
+            lines.append(event.at)
+    return max(steps) if steps else min(lines) if lines else None
 
 
 def read_records(store: WorkDir) -> Records:
@@ -313,8 +350,9 @@ def read_records(store: WorkDir) -> Records:
     return records
 
 
-def read_timeline(info: RunInfo) -> Timeline:
-    """The timeline of the run ``info``, over all its attempts."""
+def read_timeline(info: RunInfo, health: bool = True) -> Timeline:
+    """The timeline of the run ``info``, over all its attempts; ``health``: with the nodes' health records (drawn
+    under their lanes; not needed for the events alone)."""
     from launcher.runs.attempts import read as read_attempts
     from launcher.runs.preflight import reading_work_dir
 
@@ -337,8 +375,8 @@ def read_timeline(info: RunInfo) -> Timeline:
     nodes = list(dict.fromkeys([*info.nodes, *named]))
     recovering = any(event.round is not None and event.phase == ROUND_DECIDED for event in found)
     attempts = max((event.attempt for event in found if event.phase != ATTEMPT_ENDED), default=1)
-    health = [drawn for store, number in namespaces for drawn in read_utilisation(store, nodes, number)]
-    return Timeline(info.run_id, float(submitted), nodes, found, time.time(), recovering, attempts, health)
+    drawn = [each for store, number in namespaces for each in read_utilisation(store, nodes, number)] if health else []
+    return Timeline(info.run_id, float(submitted), nodes, found, time.time(), recovering, attempts, drawn)
 
 
 def _attempt_start(top: WorkDir, attempt: Attempt) -> float:
