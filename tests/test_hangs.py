@@ -37,6 +37,19 @@ def test_a_rank_stuck_outside_any_collective_is_the_cause_and_the_waiting_rank_i
     assert "rank 1 is not in any collective; its stack" in output
 
 
+def test_a_rank_that_goes_silent_with_the_waiting_rank_is_still_the_cause(tmp_path, launcher_home):
+    # The report of a regression: rank 1 prints a line right after init_process_group and sleeps outside any
+    # collective while rank 0 waits in its all_reduce; both go silent at about the same time, so either node may
+    # reach its hangTimeout first: the rank outside a collective is named whichever does.
+    script = IMPORTED + ("dist.init_process_group('gloo')\n"
+                         "if dist.get_rank() == 1:\n    print('loading', flush=True)\n    time.sleep(600)\n"
+                         "dist.all_reduce(torch.ones(1))\n")
+    output, summary = run_failing(tmp_path, script, extra_cluster=HANG_TIMEOUT)
+    assert "cause: hung: rank 1 made no progress for 20s outside any collective, at" in summary, summary
+    assert "job.py:6 in <module>" in summary, summary  # the sleep
+    assert "rank 1 is not in any collective; its stack" in output, output
+
+
 def test_a_node_that_returned_early_is_named_by_the_rank_left_waiting(tmp_path, launcher_home):
     script = IMPORTED + ("if os.environ['RANK'] == '1':\n    raise SystemExit(0)  # returns before init_process_group\n"
                          "dist.init_process_group('gloo')\nprint('never reached', flush=True)\n")
