@@ -110,12 +110,11 @@ def _recovery(attempt: int, number: int, decided: float, events: list[tl.Event],
                      and event.phase in (tl.DEATH, tl.ROUND_ENDED, tl.JOINS, tl.LEAVES)), key=lambda event: event.at)
     first = causes[0] if causes else None
     members = sorted({event.node for event in events if event.phase == node_events.DECIDED and event.node})
-    phases = [Phase(ENDED, ended.at if ended else None, first.node if first else None)]
-    for name in (REGISTERED, DECIDED, TORCHRUN, RANK_STARTED, FIRST_STEP):
-        if name == DECIDED:
-            phases.append(Phase(DECIDED, decided))
-        else:
-            phases.append(_last(name, members, [event for event in events if event.phase == name]))
+    def last(name: str) -> Phase:
+        return _last(name, members, [event for event in events if event.phase == name])
+
+    phases = [Phase(ENDED, ended.at if ended else None, first.node if first else None), last(REGISTERED),
+              Phase(DECIDED, decided), last(TORCHRUN), last(RANK_STARTED), last(FIRST_STEP)]
     lines = [event.at for event in events if event.phase == node_events.FIRST_LINE]
     cold = tuple(sorted({event.node for event in events if event.phase == node_events.TORCHRUN and event.node
                          and not event.detail.startswith("a spare")}))

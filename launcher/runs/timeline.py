@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
+from launcher.data.rankprogress import SOURCES
 from launcher.protocol import events as node_events
 from launcher.protocol.control import CANCEL, CONTROL_PREFIX, LIMIT
 from launcher.protocol.rounds import ROUNDS_PREFIX, Round, decision_key
@@ -179,21 +180,19 @@ def _node_events(batch: dict[str, Any], attempt: int) -> list[Event]:
 def _first_steps(found: list[Event]) -> list[Event]:
     """``found`` with one first step per rank and round: the one counted by the source steps are read from (the
     script's report, else an optimizer's, else a DataLoader's: launcher.data.rankprogress.SOURCES)."""
-    from launcher.data.rankprogress import SOURCES
-
     best: dict[tuple, Event] = {}
     for event in found:
         if event.phase == node_events.FIRST_STEP:
             key = (event.node, event.incarnation, event.round, event.rank)
             held = best.get(key)
-            if held is None or _precedence(event.detail, SOURCES) < _precedence(held.detail, SOURCES):
+            if held is None or _precedence(event.detail) < _precedence(held.detail):
                 best[key] = event
     kept = set(map(id, best.values()))
     return [event for event in found if event.phase != node_events.FIRST_STEP or id(event) in kept]
 
 
-def _precedence(source: str, sources: tuple[str, ...]) -> int:
-    return sources.index(source) if source in sources else len(sources)
+def _precedence(source: str) -> int:
+    return SOURCES.index(source) if source in SOURCES else len(SOURCES)
 
 
 def _int(value: Any) -> int | None:
