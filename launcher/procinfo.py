@@ -1,4 +1,5 @@
-"""When a process started, from Linux's /proc: what tells a process apart from a later one that got its pid."""
+"""What Linux's /proc says of a process: when it started (what tells it apart from a later one that got its pid) and
+its state."""
 
 from __future__ import annotations
 
@@ -13,6 +14,17 @@ def start_ticks(pid: int) -> int | None:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
         return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state /proc gives process ``pid`` (``R`` running, ``S`` sleeping, ``T`` stopped, ``t`` traced,
+    ``D`` uninterruptible, ``Z`` zombie); None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        return stat[stat.rindex(b")") + 2:].split()[0].decode()
     except (OSError, ValueError, IndexError):
         return None
 

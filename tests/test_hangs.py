@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from clirun import run_failing, run_id_from
+from clirun import processes_started_with, run_failing, run_id_from
 from cluster import write_spec
 from conftest import run_cli
 
@@ -48,6 +48,21 @@ def test_a_rank_that_goes_silent_with_the_waiting_rank_is_still_the_cause(tmp_pa
     assert "cause: hung: rank 1 made no progress for 20s outside any collective, at" in summary, summary
     assert "job.py:6 in <module>" in summary, summary  # the sleep
     assert "rank 1 is not in any collective; its stack" in output, output
+
+
+def test_a_frozen_rank_is_the_cause_and_is_not_left_behind(tmp_path, launcher_home):
+    # A stopped process cannot run the handler that writes its stack: /proc says what it is. torch starts each rank
+    # in a session of its own, so once torchrun is gone a stopped rank would stay (SIGTERM waits while it is stopped).
+    script = IMPORTED + ("import signal\ndist.init_process_group('gloo')\n"
+                         "if dist.get_rank() == 1:\n    print('freezing', flush=True)\n"
+                         "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+                         "dist.all_reduce(torch.ones(1))\n")
+    output, summary = run_failing(tmp_path, script, extra_cluster=HANG_TIMEOUT)
+    assert ("cause: hung: rank 1 made no progress for 20s: its process is stopped (SIGSTOP, or a job-control "
+            "stop)") in summary, summary
+    assert "rank 1's process is stopped (SIGSTOP, or a job-control stop): it cannot show a stack" in output
+    assert "1 training process outlived torchrun's stop (stopped, or ignoring SIGTERM): sending SIGKILL" in output
+    assert processes_started_with(LAUNCHER_RUN_ID=run_id_from(output)) == {}
 
 
 def test_a_node_that_returned_early_is_named_by_the_rank_left_waiting(tmp_path, launcher_home):

@@ -42,8 +42,14 @@ def save_leftovers(run: WorkDir, name: str, status: dict) -> None:
 
 
 def kill_groups(pgids: Iterable[int], sig: int = signal.SIGKILL) -> None:
+    """``sig`` to each process group, or to the process of that id where it leads no group."""
     for pgid in pgids:
         try:
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
+        except ProcessLookupError:
+            try:
+                os.kill(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                continue
+        except PermissionError:
             continue

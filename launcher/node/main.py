@@ -25,8 +25,10 @@ from launcher.node.address import node_address
 from launcher.node.diagnosis.cause import Cause, diagnose, lost_a_peer
 from launcher.node.diagnosis.hangwatch import HangWatch
 from launcher.node.diagnosis.outcome import Ended, Outcome, decide
+from launcher.node.diagnosis.stacks import live_training_pids
 from launcher.node.health.firsts import RankFirsts
 from launcher.node.health.sampler import HealthSampler, start_sampler
+from launcher.node.leftovers import kill_groups
 from launcher.node.netutil import free_port
 from launcher.node.recovery.loop import RecoveryLoop, round_end_text, round_ended
 from launcher.node.recovery.restore import restore_watched
@@ -440,9 +442,17 @@ class Node:
         pipe.close()
 
     def _terminate(self) -> int:
+        """Stop torchrun and its training processes; those that outlive it (torch starts each in a session of its own:
+        one that is stopped, or ignores SIGTERM, is still there once torchrun is gone) get SIGKILL."""
         assert self.proc is not None
         grace = self.stop_request.grace if self.stop_request and self.stop_request.grace else STOP_GRACE_SECONDS
-        return terminate(self.proc, grace, self.say)
+        code = terminate(self.proc, grace, self.say)
+        left = live_training_pids(self.stacks_dir) if self.stacks_dir else []
+        if left:
+            self.say(f"{plural(len(left), 'training process')} outlived torchrun's stop (stopped, or ignoring SIGTERM): "
+                     "sending SIGKILL")
+            kill_groups(left)
+        return code
 
     def _mark_failed(self, state: str, reason: str | None, exit_code: int, details: dict | None) -> None:
         """The failure marker: written first, so peers stop as early as possible."""

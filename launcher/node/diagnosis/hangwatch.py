@@ -2,7 +2,8 @@
 written and no step counted: most scripts print from rank 0 only, and the ranks that train in silence are not
 hung), take
 every rank's Python stack without stopping it (:mod:`launcher.node.diagnosis.stacks`) and name the culprit: a rank here
-outside any collective is what the others wait for; ranks that all wait in collectives give the culprit's node
+whose process cannot run (stopped, traced, in uninterruptible sleep), else one outside any collective, is what the
+others wait for; ranks that all wait in collectives give the culprit's node
 time to name itself, else point at peers whose ranks returned early, else at mismatched collectives."""
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class HangWatch:
 
     def _diagnose(self, rank_logs: RankLogs, timeout: float,
                   await_stop: Callable[[float], StopRequest | None]) -> Verdict | None:
-        from launcher.node.diagnosis.stacks import capture
+        from launcher.node.diagnosis.stacks import FROZEN_STATES, capture
 
         def label(local: int) -> str:
             rank = rank_logs.global_rank(local)
@@ -90,12 +91,19 @@ class HangWatch:
             self.say(f"hung for {timeout:g}s: {label(local)} {state}; its stack, most recent call first:")
             for frame in stack.frames[:STACK_LINES_SHOWN]:
                 self.say(f"  {frame}")
+        for local, state in sorted(captured.frozen.items()):
+            self.say(f"hung for {timeout:g}s: {label(local)}'s process is {FROZEN_STATES[state]}: it cannot show a stack")
+        waiting = [label(local) for local, stack in sorted(stacks.items()) if stack.waiting]
+        waits = f" ({', '.join(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it)" if waiting else ""
+        if captured.frozen:  # it cannot run at all: whatever the others do, they wait for it
+            local, state = min(captured.frozen.items())
+            return Verdict(f"hung: {label(local)} made no progress for {timeout:g}s: its process is "
+                           f"{FROZEN_STATES[state]}{waits}")
         stuck = [stack for _, stack in sorted(stacks.items()) if not stack.waiting]
         if stuck:
             where = stuck[0].innermost_user_frame or (stuck[0].frames[0] if stuck[0].frames else "an unknown place")
-            waiting = [label(local) for local, stack in sorted(stacks.items()) if stack.waiting]
             return Verdict(f"hung: {label(stuck[0].local_rank)} made no progress for {timeout:g}s outside any "
-                           f"collective, at {where}" + (f" ({', '.join(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it)" if waiting else ""))
+                           f"collective, at {where}{waits}")
         silent = ", ".join(label(local) for local in range(self.processes))
         if not stacks:
             return Verdict(f"hung: no training process wrote a line for {timeout:g}s (silent: {silent}); no stack "

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.node.diagnosis.cause import library_file
-from launcher.procinfo import start_time
+from launcher.procinfo import process_state, start_time
 
 STACK_SIGNAL = signal.SIGRTMIN + 4  # real-time: no framework we know of uses it (Lightning uses SIGUSR1)
 HOOKS_DIR = str(Path(__file__).resolve().parent / "rankhooks")
@@ -25,6 +25,9 @@ DUMP_WAIT_SECONDS = 2.0
 FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>.+)$')
 THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
 # The main thread of a rank that waits for its peers is inside one of these (most recent frame first).
+# A process in one of these states cannot run its signal handler, so it shows no stack: what it is instead.
+FROZEN_STATES = {"T": "stopped (SIGSTOP, or a job-control stop)", "t": "stopped by a debugger (traced)",
+                 "D": "in uninterruptible sleep (waiting on a disk, a network file system or a device driver)"}
 WAITING_IN = ("torch/distributed/", "torch/nn/parallel/distributed.py", "torch/autograd/", "torch/_tensor.py")
 
 
@@ -69,11 +72,12 @@ def stacks_env(stacks_dir: str) -> dict[str, str]:
 class Capture:
     stacks: dict[int, RankStack]  # local rank -> its stack, for the processes that answered
     gone: list[int]  # local ranks whose process has ended
+    frozen: dict[int, str]  # local rank -> the /proc state of a process that did not answer because it cannot run
 
 
 def capture(stacks_dir: str, local_ranks: range) -> Capture:
     """Ask every training process of this node for its stacks; what arrives within DUMP_WAIT_SECONDS."""
-    asked: dict[int, int] = {}  # local rank -> size of its file before it was asked
+    asked: dict[int, tuple[int, int]] = {}  # local rank -> (its pid, the size of its file before it was asked)
     gone = []
     for local in local_ranks:
         path = Path(stacks_dir) / f"{local}.stack"
@@ -86,13 +90,13 @@ def capture(stacks_dir: str, local_ranks: range) -> Capture:
         except ProcessLookupError:
             gone.append(local)
             continue
-        asked[local] = size
+        asked[local] = pid, size
     stacks: dict[int, RankStack] = {}
-    previous = dict(asked)
+    previous = {local: size for local, (_, size) in asked.items()}
     deadline = time.monotonic() + DUMP_WAIT_SECONDS
     while len(stacks) < len(asked) and time.monotonic() < deadline:
         time.sleep(0.05)  # faulthandler writes from a signal handler: nothing to wait on but the file's growth
-        for local, before in asked.items():
+        for local, (_, before) in asked.items():
             path = Path(stacks_dir) / f"{local}.stack"
             size = path.stat().st_size
             if local not in stacks and size > before and size == previous[local]:  # grown, then still
@@ -100,7 +104,9 @@ def capture(stacks_dir: str, local_ranks: range) -> Capture:
                     handle.seek(before)
                     stacks[local] = RankStack(local, main_thread_frames(handle.read()))
             previous[local] = size
-    return Capture(stacks, gone)
+    frozen = {local: state for local, (pid, _) in asked.items() if local not in stacks
+              and (state := process_state(pid)) in FROZEN_STATES}
+    return Capture(stacks, gone, frozen)
 
 
 def live_training_pids(stacks_dir: str) -> list[int]:
