@@ -518,7 +518,7 @@ def test_a_real_run_retried_whole_shows_each_attempt_in_the_table_and_the_pictur
 
     done = run_cli("timeline", "tl-retry", "-o", str(tmp_path / "run.html"), env=env)
     assert done.returncode == 0, done.stderr
-    rows = cells_of(done.stdout.splitlines()[1:-1])  # between the header line and the picture's name
+    rows = cells_of(done.stdout.split("\n\n")[0].splitlines()[1:])  # the table: after its header line, before what follows it
     assert list(rows[0])[-1] == "CAUSE"
     labels = [row["PHASE"] for row in rows]
     by_label = {row["PHASE"]: row for row in rows}

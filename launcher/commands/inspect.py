@@ -62,6 +62,13 @@ def _recoveries(info: RunInfo) -> list[dict]:
     return [each.to_dict() for each in recoveries.read(info)]
 
 
+def _costs(info: RunInfo, view: RunView):
+    """What the run's incidents cost and its ETTR (launcher.runs.incidents)."""
+    from launcher.runs import incidents
+
+    return incidents.read(info, view)
+
+
 def _record(view: RunView, node: str, health: RunHealth) -> dict | None:
     """The node's status record, with its rank now (none once it has left) and its latest figures."""
     record = view.statuses.get(node)
@@ -79,11 +86,13 @@ def status(ref: str | None, *, as_json: bool) -> int:
     rounds = run_rounds(info)
     data = _data(info)
     health = HealthReader().read(view, run)
+    costs = _costs(info, view) if view.decision else None
     if as_json:
         json.dump({"run_id": info.run_id, "backend": info.backend, "recorded_here": info.recorded,
                    "result": view.result, "submission_error": info.submission_error or None,
                    "attempts": [asdict(attempt) for attempt in view.attempts],
-                   "rounds": rounds, "recoveries": _recoveries(info) if rounds else [], "data": data,
+                   "rounds": rounds, "recoveries": _recoveries(info) if rounds else [],
+                   "costs": costs.to_dict() if costs else None, "data": data,
                    "work_dir": info.run_url, "nodes": {n: _record(view, n, health) for n in info.nodes},
                    **status_figures(health),
                    "lost": view.lost, "failures": view.failures, "first_failure": view.root_failure(),
@@ -112,6 +121,8 @@ def status(ref: str | None, *, as_json: bool) -> int:
             history = "".join(f"\n  {line}" for line in grouped_history(rounds["history"]))
             members = f"members {', '.join(rounds['members'])}" if rounds["members"] else "not started: the run stopped"
             print(f"round {rounds['round']}: {members}; {plural(rounds['restarts'], 'restart')}{history}")
+        if costs and costs.start_s is not None:
+            print(costs.line())
         if data:
             print(f"data: epoch {data['epoch']}: {data['done']} of {data['shards']} shards done, "
                   f"{data['in_flight']} in flight, {data['left']} left (launcher data {info.run_id})")

@@ -10,10 +10,12 @@ from statistics import median
 from launcher.commands.inspect import _table
 from launcher.errors import EXIT_OK, BackendError, BadInput
 from launcher.protocol import events as node_events
+from launcher.runs import incidents
 from launcher.runs import recoveries as rec
 from launcher.runs import timeline as tl
 from launcher.runs import timeline_fold as fold
 from launcher.runs.state import resolve_run
+from launcher.runs.view import read_view
 from launcher.wording import plural
 
 PICTURES = (".html", ".htm", ".svg")
@@ -28,8 +30,10 @@ def timeline(run_ref: str | None, *, output: str | None, as_json: bool, all_node
     info = resolve_run(run_ref)
     found = tl.read_timeline(info)
     recovered = rec.recoveries(found)
+    costs = incidents.read(info, read_view(info), found) if found.events else None
     if as_json:
-        json.dump({**found.to_dict(), "recoveries": [each.to_dict() for each in recovered]}, sys.stdout, indent=2)
+        json.dump({**found.to_dict(), "recoveries": [each.to_dict() for each in recovered],
+                   "costs": costs.to_dict() if costs else None}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     if output:
         _write(found, Path(output), all_nodes)
@@ -44,6 +48,9 @@ def timeline(run_ref: str | None, *, output: str | None, as_json: bool, all_node
             print(fold_note(found, lanes))
         for each in recovered:
             print(f"\n{breakdown(found, each)}")
+        if costs and costs.start_s is not None:
+            print(f"\nwhat failures cost: {costs.line()}")
+            print("".join(f"  {incident.line()}\n" for incident in costs.incidents), end="")
         if output:
             print(f"picture: {output}")
     return EXIT_OK

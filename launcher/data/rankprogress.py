@@ -10,7 +10,9 @@ step per batch, with its samples and the time the script waited for it, once it 
 
 Each record also says when the process became this rank's training process (``started_at``: its hooks ran with a
 rank, just before the script's first line; a warm interpreter's once it was handed its rank) and when each source
-counted its first step (``first_step_at``), for the node's timeline events (a recovery's "first step").
+counted its first step (``first_step_at``), when any last counted one (``last_step_at``) and the first step number the
+script reported (``first_reported``: where it resumed), for the node's timeline events (a recovery's "first step",
+what an incident cost: :mod:`launcher.runs.incidents`).
 
 Standard library only: the rank hooks (``sitecustomize``) load this file under its own module name before the
 script runs, without importing launcher's package. Outside launcher (no stacks dir or local rank in the
@@ -55,6 +57,8 @@ class Counters:
         self.data_cpu_s = 0.0
         self.metrics: dict[str, float] = {}
         self.first_step_at: dict[str, float] = {}  # source -> when it counted its first step (Unix time)
+        self.last_step_at: float | None = None  # when any source last counted a step
+        self.first_reported: int | None = None  # the first step number the script reported: where it resumed
         self.started_at: float | None = None  # when this process became a rank's training process
         self.version = 0
 
@@ -63,6 +67,7 @@ class Counters:
             return {"steps": dict(self.steps), "samples": self.samples, "data_wait_s": round(self.data_wait_s, 6),
                     "data_cpu_s": round(self.data_cpu_s, 6),
                     "metrics": dict(self.metrics), "first_step_at": dict(self.first_step_at),
+                    "last_step_at": self.last_step_at, "first_reported": self.first_reported,
                     "started_at": self.started_at}
 
 
@@ -83,7 +88,11 @@ def report(step: int, **metrics: float) -> None:
         with counters.lock:
             counters.steps["report"] = step
             if step > 0:
-                counters.first_step_at.setdefault("report", time.time())
+                now = time.time()
+                counters.first_step_at.setdefault("report", now)
+                counters.last_step_at = now
+                if counters.first_reported is None:
+                    counters.first_reported = step
             for name, value in metrics.items():
                 name = str(name)[:MAX_METRIC_NAME]
                 if name not in counters.metrics and len(counters.metrics) >= MAX_METRICS:
@@ -100,8 +109,8 @@ def count(source: str, samples: int = 0, waited: float = 0.0, waited_cpu: float 
     for them, and the CPU seconds of those its own thread spent making them (a loader without workers)."""
     with counters.lock:
         counters.steps[source] = counters.steps.get(source, 0) + 1
-        if source not in counters.first_step_at:
-            counters.first_step_at[source] = time.time()
+        now = counters.last_step_at = time.time()
+        counters.first_step_at.setdefault(source, now)
         counters.samples += samples
         counters.data_wait_s += waited
         counters.data_cpu_s += waited_cpu

@@ -26,7 +26,7 @@ from launcher.node.diagnosis.cause import Cause, diagnose, lost_a_peer
 from launcher.node.diagnosis.hangwatch import HangWatch
 from launcher.node.diagnosis.outcome import Ended, Outcome, decide
 from launcher.node.diagnosis.stacks import live_training_pids
-from launcher.node.health.firsts import RankFirsts
+from launcher.node.health.milestones import RankMilestones
 from launcher.node.health.sampler import HealthSampler, start_sampler
 from launcher.node.leftovers import kill_groups
 from launcher.node.netutil import free_port
@@ -89,7 +89,7 @@ class Node:
         self.sync = outputs_mod.OutputsSync(self.run, settings.node, settings.outputs_dir)
         self.ending = threading.Event()  # set by a signal: transfers under way (a restore) stop at their next chunk
         self.rank_logs: RankLogs | None = None
-        self.rank_firsts: RankFirsts | None = None  # this round's training processes' starts and first steps
+        self.milestones: RankMilestones | None = None  # this round's training processes' starts, first and last steps
         self.health: HealthSampler | None = None
 
     def say(self, message: str) -> None:
@@ -264,14 +264,14 @@ class Node:
         rank_logs = RankLogs(log_dir, self.shipper, sys.stdout.buffer, self.events.first_line(number),
                              self.events.rank_exited(number)).start()
         self.rank_logs = rank_logs
-        self.rank_firsts = RankFirsts(self.stacks_dir, self.processes, number, self.events.record)
+        self.milestones = RankMilestones(self.stacks_dir, self.processes, number, self.events.record)
         reader = threading.Thread(target=self._pump_torchrun, args=(self.proc.stdout,), daemon=True)
         reader.start()
         self.status.update(state="running", training_pgid=self.proc.pid, training_logs=log_dir)
         ended = self._supervise(rank_logs, rounds, number, list(decision.ranks))
         reader.join(timeout=10)
         rank_logs.close()
-        self.rank_firsts.check(final=True)
+        self.milestones.check(final=True)
         self.events.training_ended(number, ended.code, rank_logs.last_line_at)
         try:
             return decide(ended, decision, node=settings.node, rendezvous_timeout=settings.rendezvous_timeout,
@@ -328,8 +328,8 @@ class Node:
                           nodes=settings.nodes, run=self.run, status=self.status, say=self.say)
         try:
             while not exited.wait(0.5):  # wakes when torchrun exits, or after 0.5 s for the periodic duties
-                if self.rank_firsts is not None:
-                    self.rank_firsts.check()
+                if self.milestones is not None:
+                    self.milestones.check()
                 if self.run.gone:  # its logs, status and outputs can no longer be saved: training here is lost
                     failure = f"the work dir {self.run.url} was {self.run.outage.describe()}"
                     self.say(f"stopping training: {failure}")

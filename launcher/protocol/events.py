@@ -39,12 +39,14 @@ RANK_STARTED = "rank-started"  # a training process (``rank``) is about to run t
 #   with a rank: at its interpreter's start, or, warm, once handed its rank), as its progress record says
 FIRST_LINE = "first-line"  # a training process (``rank``) wrote its first line
 FIRST_STEP = "first-step"  # a training process (``rank``) counted its first step (``source``: who counted it)
+LAST_STEP = "last-step"  # a training process's last counted step (``steps``: how many it counted, ``step``: the last
+#   number it reported), recorded as its round ends
 LAST_LINE = "last-line"  # a training process's last line (recorded once torchrun exited)
 RANK_EXITED = "rank-exited"  # a training process ended (``rank``): its output pipe closed
 EXITED = "exited"  # torchrun exited (``code``): training ended, or the node stopped it
 SYNCED = "synced"  # the node's final outputs sync ended (``failed``: whether it failed)
-NODE_PHASES = (STARTED, REGISTERED, DECIDED, RESTORED, TORCHRUN, RANK_STARTED, FIRST_LINE, FIRST_STEP, LAST_LINE,
-               RANK_EXITED, EXITED, SYNCED)
+NODE_PHASES = (STARTED, REGISTERED, DECIDED, RESTORED, TORCHRUN, RANK_STARTED, FIRST_LINE, FIRST_STEP, LAST_STEP,
+               LAST_LINE, RANK_EXITED, EXITED, SYNCED)
 
 
 def batch_key(node: str, incarnation: int, seq: int) -> str:

@@ -58,6 +58,7 @@ LABELS = {
     node_events.DECIDED: "rank learned", node_events.RESTORED: "outputs restored",
     node_events.TORCHRUN: "torchrun started", node_events.RANK_STARTED: "training process started",
     node_events.FIRST_LINE: "first training line", node_events.FIRST_STEP: "first step",
+    node_events.LAST_STEP: "last step",
     node_events.LAST_LINE: "last training line", node_events.RANK_EXITED: "training processes exited",
     node_events.EXITED: "torchrun exited",
     node_events.SYNCED: "outputs synced",
@@ -74,6 +75,8 @@ class Event:
     incarnation: int = 0  # 0: the node as first started; n: its n-th replacement
     attempt: int = 1  # runs retried whole: the attempt
     detail: str = ""
+    step: int | None = None  # first and last steps: the step number the script reported (launcher.data.report)
+    steps: int | None = None  # last steps: how many steps the training process counted
 
     @property
     def label(self) -> str:
@@ -173,7 +176,7 @@ def _node_events(batch: dict[str, Any], attempt: int) -> list[Event]:
         if at is None or event.get("phase") not in node_events.NODE_PHASES:
             continue
         found.append(Event(at, event["phase"], node, _int(event.get("round")), _int(event.get("rank")), incarnation,
-                           attempt, _node_detail(event)))
+                           attempt, _node_detail(event), _int(event.get("step")), _int(event.get("steps"))))
     return found
 
 
@@ -213,6 +216,8 @@ def _node_detail(event: dict[str, Any]) -> str:
         return f"pid {event['pid']}"
     if phase == node_events.FIRST_STEP:
         return str(event.get("source") or "")
+    if phase == node_events.LAST_STEP:
+        return f"{event.get('steps')} steps" + (f", step {event['step']}" if _int(event.get("step")) else "")
     if phase == node_events.TORCHRUN and event.get("spare"):
         # events written before the spare said when its imports were done carry no spare_imported
         return "a spare, still importing" if event.get("spare_imported") is False else "a spare, its imports done"

@@ -41,6 +41,11 @@ async function showRun() {
     summary.hidden = !run.summary;
     summary.textContent = run.summary;
     summary.className = run.result.replace(/ /g, "-");
+    const costs = document.getElementById("costs");
+    costs.hidden = !run.costs;
+    costs.textContent = run.costs;
+    document.getElementById("incidents").replaceChildren(
+      ...run.incidents.map((line) => Object.assign(document.createElement("li"), {textContent: line})));
     document.getElementById("cancel").hidden = run.ended;
     lastRun = run;
     showNodes(run.nodes);
