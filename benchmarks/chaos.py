@@ -17,7 +17,8 @@ when it trained again (rank 0's first step of a later round) and the steps recom
 the round the fault ended, less the step the next round resumed at). For the run: every epoch's ledger holds each
 id exactly once (duplicated and skipped ids are counted), no round had two ranks 0, the verdict (succeeded while
 restarts last), no process of the run left after it, and ETTR: the seconds of the steps that were committed over
-the run's wall time. Prints a line per fault, then one JSON line last.
+the run's wall time, beside the ETTR and incidents ``launcher status`` reports for the run (``launcher_ettr``). Prints
+a line per fault, then one JSON line last.
 
     .venv/bin/python benchmarks/chaos.py [--nodes 4] [--duration 300] [--rate 6] [--seed 1] [--faults LIST]
 """
@@ -309,12 +310,15 @@ def soak(options: argparse.Namespace) -> dict:
     left = {pid: _command(pid) for pid in of_the_run(run.run_id)}
     signal_all(list(left), signal.SIGKILL)
     ledger = ledger_check(run.run_dir)
+    status = subprocess.run([*LAUNCHER, "status", run.run_id, "--json"], env=env, capture_output=True, text=True)
+    costs = (json.loads(status.stdout).get("costs") if status.stdout.strip() else None) or {}
     noticed = [f.noticed_s for f in faults if f.noticed_s is not None]
     again = [f.trained_again_s for f in faults if f.trained_again_s is not None]
     result = {
         "benchmark": "chaos", "backend": "local", "nodes": options.nodes, "seed": options.seed,
         "rate_per_min": options.rate, "faults": len(faults), "exit": watch.returncode, "wall_s": round(wall, 1),
-        "ettr": round(ledger.get("counted_s", 0) / wall, 4), **ledger, "split_rounds": split_rounds(run),
+        "ettr": round(ledger.get("counted_s", 0) / wall, 4), "launcher_ettr": costs.get("ettr"),
+        "launcher_incidents": len(costs.get("incidents") or []), "launcher_cost_s": costs.get("cost_s"), **ledger, "split_rounds": split_rounds(run),
         "left_running": len(left), "left": sorted(left.values()), "unnoticed": sum(1 for f in faults if f.noticed_s is None),
         "never_trained_again": sum(1 for f in faults if f.trained_again_s is None),
         "noticed_s_median": round(statistics.median(noticed), 2) if noticed else None,

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from launcher.data import ElasticLoader, ElasticSampler
+from launcher.data import ElasticLoader, ElasticSampler, report
 
 N, BATCH = int(os.environ.get("CHAOS_N", "3000")), int(os.environ.get("CHAOS_BATCH", "8"))
 EPOCHS, EVERY = int(os.environ.get("CHAOS_EPOCHS", "4")), int(os.environ.get("CHAOS_EVERY", "20"))
@@ -93,6 +93,7 @@ for epoch in sampler.epochs(end=EPOCHS):
         optimizer.zero_grad()
         time.sleep(STEP_SECONDS)
         step += 1
+        report(step)  # the step numbers tell launcher the steps each incident trained again
         pending.extend(int(index) for index in batch)
         if rank == 0:
             print(f"chaos: round {round_number} step {step}", flush=True)
