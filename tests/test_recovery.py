@@ -193,6 +193,63 @@ def test_a_node_recorded_by_its_supervisor_has_its_cause_before_its_failed_statu
     assert json.loads(run.get(failure_key("t-main")))["reason"].startswith("node process killed by SIGKILL")
 
 
+def _round_two(tmp_path, *, predecessor_lost: bool):
+    """A run's work dir whose round 2 was decided with m and w-1; w-1 was lost in it (its supervisor starting a
+    replacement) where ``predecessor_lost``."""
+    from launcher.protocol.recovery import LOST, RoundEnd
+    from launcher.protocol.rendezvous import Decision
+    from launcher.protocol.rounds import Round, Rounds, decision_key
+    from launcher.protocol.store import WorkDir
+
+    run = WorkDir(str(tmp_path / "run"))
+    run.put(decision_key(2), Round(2, Decision("m", "127.0.0.1", 1, {"m": 0, "w-1": 1})).to_bytes())
+    if predecessor_lost:
+        Rounds.end_for(run, 2, RoundEnd("w-1", LOST, "node process killed by SIGKILL", 137, 100.0, replaced=True))
+    console = tmp_path / "w-1.log"
+    console.write_text("starting\n")
+    return run, str(console)
+
+
+@pytest.mark.parametrize("another", [True, False])
+def test_a_replacement_killed_while_it_joins_is_lost_not_the_runs_failure(tmp_path, another):
+    """Found by the chaos soak: a replacement killed before its status named a round failed the whole run."""
+    from launcher.protocol.control import failure_key
+    from launcher.protocol.status import status_key
+    from launcher.runs.supervision import record_on_behalf
+
+    run, console = _round_two(tmp_path, predecessor_lost=True)
+    replaced = record_on_behalf(run, "w-1", {"node": "w-1", "state": "registering"}, 137,
+                                "node process killed by SIGKILL", console, at=101.0,
+                                wants_replacement=lambda: another, recovering=True)
+    assert replaced is another
+    assert run.get(failure_key("w-1")) is None
+    assert json.loads(run.get(status_key("w-1")))["state"] == "lost"
+    end = json.loads(run.get("rounds/00002/end/w-1.lost.json"))
+    # its predecessor's death stays as recorded; the survivors wait for a replacement only while one comes
+    assert (end["at"], end["replaced"]) == (100.0, another)
+
+
+def test_a_node_decided_in_a_round_that_dies_before_its_status_says_so_ends_that_round(tmp_path):
+    from launcher.protocol.control import failure_key
+    from launcher.runs.supervision import record_on_behalf
+
+    run, console = _round_two(tmp_path, predecessor_lost=False)
+    assert record_on_behalf(run, "w-1", {"node": "w-1", "state": "waiting"}, 137, "node process killed by SIGKILL",
+                            console, at=101.0, wants_replacement=lambda: True, recovering=True)
+    end = json.loads(run.get("rounds/00002/end/w-1.lost.json"))
+    assert (end["at"], end["replaced"]) == (101.0, True) and run.get(failure_key("w-1")) is None
+
+
+def test_a_node_of_a_run_that_does_not_recover_that_dies_before_its_round_fails_the_run(tmp_path):
+    from launcher.protocol.control import failure_key
+    from launcher.runs.supervision import record_on_behalf
+
+    run, console = _round_two(tmp_path, predecessor_lost=False)
+    assert not record_on_behalf(run, "w-1", {"node": "w-1", "state": "waiting"}, 137,
+                                "node process killed by SIGKILL", console, wants_replacement=lambda: False)
+    assert run.get(failure_key("w-1")) is not None
+
+
 STUBBORN = """
 import os, signal
 signal.signal(signal.SIGTERM, signal.SIG_IGN)  # outlives torchrun's SIGTERM; torch starts it in a session of its own

@@ -202,20 +202,19 @@ def start_supervisor(module: str, state_dir: str, run_url: str, payload: Any) ->
 
 def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str,
                      console_log: str, at: float | None = None, *,
-                     wants_replacement: Callable[[], bool] | None = None) -> bool:
+                     wants_replacement: Callable[[], bool] | None = None, recovering: bool = False) -> bool:
     """A node that ended without a final status: save its console, record its end, and fail the run
-    unless it was cancelled. ``status`` is the node's last status record; ``at`` when it ended. Returns whether
-    the node is to be started again: it was lost and ``wants_replacement`` (asked only then) says so; the end
-    record this writes says so too, and the next round waits for it."""
+    unless it was cancelled. ``status`` is the node's last status record; ``at`` when it ended; ``recovering``:
+    the run trains in rounds. Returns whether the node is to be started again: it was lost and
+    ``wants_replacement`` (asked only then) says so; the end record this writes says so too, and the next round
+    waits for it."""
     if status.get("state") in FINAL_STATES:  # a node that recorded itself lost is replaced all the same
         return status.get("state") == "lost" and wants_replacement is not None and wants_replacement()
     # Its console holds every line it printed, also those of its last seconds that never reached a log chunk.
     run.upload(console_log, f"{CONSOLE_PREFIX}/{name}.log")
     cancelled = cancel_requested(run)
-    if status.get("round") is not None and not cancelled:  # a recovering run: its round ends, the run goes on
-        replaced = wants_replacement is not None and wants_replacement()
-        end_round_for_lost_node(run, name, status, exit_code, reason, console_log, at, replaced=replaced)
-        return replaced
+    if (status.get("round") is not None or recovering) and not cancelled:  # its round ends, the run goes on
+        return _lost(run, name, status, exit_code, reason, console_log, at, wants_replacement)
     reason = with_error_line(reason, console_log)
     details = {"console_log": console_log, "last_output": console_tail(console_log)}
     # The marker before the final status, as a node writes its own: a reader that sees the node failed finds its cause.
@@ -226,6 +225,33 @@ def record_on_behalf(run: WorkDir, name: str, status: dict[str, Any], exit_code:
                    "reported_by": "supervisor", **details})
     run.put(status_key(name), json.dumps(status).encode())
     return False
+
+
+def _lost(run: WorkDir, name: str, status: dict[str, Any], exit_code: int, reason: str, console_log: str,
+          at: float | None, wants_replacement: Callable[[], bool] | None) -> bool:
+    """A node of a recovering run died: its round ends. One that died before its status named a round (a
+    replacement killed while it joins, a node still starting) ends the latest round only where that round was
+    decided with it and no loss of that name ended it already (its predecessor's); otherwise the round before
+    is over already, and what is left to say is whether another replacement comes (the survivors wait for one
+    only while its predecessor's end record says so)."""
+    from launcher.protocol.recovery import LOST, RoundEnd
+    from launcher.protocol.rounds import end_key, latest_round
+
+    replaced = wants_replacement is not None and wants_replacement()
+    if status.get("round") is None:
+        latest = latest_round(run)
+        lost_before = latest is not None and run.get(end_key(latest.number, RoundEnd(name, LOST, ""))) is not None
+        if latest is None or lost_before or name not in latest.members:
+            if not replaced and latest is not None:
+                replacement_refused(run, name, {"round": latest.number})
+            status.update({"node": name, "state": "lost", "exit_code": exit_code, "reason": reason,
+                           "ended_at": time.time() if at is None else at, "updated_at": time.time(),
+                           "reported_by": "supervisor", "console_log": console_log})
+            run.put(status_key(name), json.dumps(status).encode())
+            return replaced
+        status = {**status, "round": latest.number}
+    end_round_for_lost_node(run, name, status, exit_code, reason, console_log, at, replaced=replaced)
+    return replaced
 
 
 class EndRecorder:

@@ -46,7 +46,7 @@ STREAM_ENDED = "the engine's event stream ended"  # queued by the events thread 
 
 def node_ended(client, ends: EndRecorder, state_dir: str, name: str, container_id: str, event_exit_code: int,
                ended_at: float, replace: Callable[[], bool] | None = None,
-               wants_replacement: Callable[[], bool] | None = None) -> None:
+               wants_replacement: Callable[[], bool] | None = None, recovering: bool = False) -> None:
     """Save the container's output, record the node's end for it when it could not (in the work dir ``ends`` gives
     for its exit status), write the exit record; unless the node was lost, ``wants_replacement`` said so and
     ``replace`` started its replacement (the node goes on: no exit record)."""
@@ -68,7 +68,7 @@ def node_ended(client, ends: EndRecorder, state_dir: str, name: str, container_i
     try:
         status = run.get_record(status_key(name))
         wanted = record_on_behalf(run, name, status, exit_code, reason, str(console), at=ended_at,
-                                  wants_replacement=wants_replacement)
+                                  wants_replacement=wants_replacement, recovering=recovering)
         replaced = wanted and replace is not None and replace()
         if wanted and not replaced:
             replacement_refused(run, name, status)
@@ -181,7 +181,7 @@ def main(state_dir: str, run_url: str) -> int:
             try:
                 node_ended(client, ends, state_dir, name, waiting[name], int(actor["Attributes"].get("exitCode", -1)),
                            ended_at, replace=functools.partial(nodes.replace, name),
-                           wants_replacement=functools.partial(nodes.wanted, name))
+                           wants_replacement=functools.partial(nodes.wanted, name), recovering=bool(nodes.recovery))
             except Exception as exc:  # noqa: BLE001 - one node's trouble must not leave the others unrecorded
                 _say(f"could not record the end of node {name}: {type(exc).__name__}: {exc}")
             if nodes.containers[name] != waiting[name]:  # replaced: follow its new container

@@ -97,7 +97,8 @@ class Supervisor:
             status = run.get_record(status_key(name))
             save_leftovers(run, name, status)
             if record_on_behalf(run, name, status, exit_code, reason, console, at=ended_at,
-                                wants_replacement=lambda: replacement_wanted(self.run, self.recovery, self.replaced)):
+                                wants_replacement=lambda: replacement_wanted(self.run, self.recovery, self.replaced),
+                                recovering=bool(self.recovery)):
                 self.replaced += 1
                 pid = self.spawn(self.by_name[name], incarnation=self.replaced)
                 self.record()
