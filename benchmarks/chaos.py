@@ -334,7 +334,7 @@ def soak(options: argparse.Namespace) -> dict:
         "fault_list": [asdict(fault) for fault in faults],
     }
     if watch.returncode:
-        result["closing"] = output.strip().splitlines()[-3:]
+        result["closing"] = output[output.rfind("\nrun "):].strip().splitlines()[:12]  # the summary: why it failed
     return result
 
 

@@ -149,3 +149,29 @@ def test_a_real_runs_incident_is_reported_with_what_it_cost_within_a_second(tmp_
     text = run_cli("status", run_id).stdout
     assert re.search(r"^1 incident cost [\d.]+s, [\d.e-]+ node-hours; ETTR [\d.]+%$", text, re.M), text
     assert "round 1 (failure: t-worker-0):" in run_cli("timeline", run_id).stdout
+
+
+def test_a_round_that_ends_before_it_trains_lasts_until_that_end_and_nothing_is_counted_twice():
+    """w-0 dies at 5.5 s; round 1 is decided, but m dies at 6.5 s before round 1 trained; round 2 trains at 9 s from
+    the checkpoint of step 30. Together they cost the last step (5.45 s) to 9 s, plus the 5 steps trained again."""
+    events = []
+    for node, rank in (("m", 0), ("w-0", 1)):
+        events += steps(node, rank, 0, 2.0, 5.45 if node == "m" else None, first_step=1, last_step=35, counted=35)
+        events.append(tl.Event(T0 + 6.1, node_events.DECIDED, node, 1))
+        events += steps(node, rank, 2, 9.0, 11.5, first_step=31, last_step=50, counted=20)
+    events += [tl.Event(T0 + 5.5, tl.DEATH, "w-0", 0, detail="lost: node process killed by SIGKILL"),
+               tl.Event(T0 + 5.5, tl.ROUND_ENDED, None, 0, detail="node w-0: lost"),
+               tl.Event(T0 + 6.0, tl.ROUND_DECIDED, None, 1),
+               tl.Event(T0 + 6.5, tl.DEATH, "m", 1, detail="lost: node process killed by SIGKILL"),
+               tl.Event(T0 + 6.5, tl.ROUND_ENDED, None, 1, detail="node m: lost"),
+               tl.Event(T0 + 7.0, tl.ROUND_DECIDED, None, 2), tl.Event(T0 + 12.0, tl.RECORDED, "m", 2)]
+    timeline = tl.Timeline("r", T0, ["m", "w-0"], sorted(events, key=lambda e: e.at), T0 + 30, recovering=True)
+    first, second = incidents.costs(timeline, {}, ended_at=T0 + 12.0).incidents
+    assert (first.round, first.trained_again, first.recomputed_steps) == (1, False, 5)
+    assert first.lost_s == pytest.approx(6.5 - 5.45)  # until round 1 ended too
+    assert (second.round, second.trained_again, second.recomputed_steps) == (2, True, 0)
+    assert second.lost_s == pytest.approx(9.0 - 6.5)  # from that end to training again
+    assert first.lost_s + second.lost_s == pytest.approx(9.0 - 5.45)
+    assert first.line().startswith("round 1 (lost: w-0): 1.1s from the last step to its round's end, before it "
+                                   "trained + 5 steps trained again")
+    assert second.line() == "round 2 (lost: m): 2.5s from the end noticed to training again"

@@ -18,7 +18,7 @@ the script's own start) and its end (the final sync). Pure: tested on records wi
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from launcher.protocol import events as node_events
@@ -43,6 +43,7 @@ class Incident:
     step_s: float | None  # a step's time before it
     members: int  # the nodes of the round that trained again
     accelerators: int  # their GPUs
+    trained_again: bool = True  # False: its round ended before it trained; then ``again_at`` is when that end came
 
     @property
     def lost_s(self) -> float | None:
@@ -65,11 +66,16 @@ class Incident:
         what = f"{self.kind}: {self.node}" if self.node else self.kind
         if self.lost_s is None:
             return f"{where} ({what}): not training again (yet)"
-        again = "training again" if self.stopped_at is not None else "training again, from the end noticed"
-        recomputed = ("steps trained again not known" if self.recomputed_steps is None else
-                      f"{plural(self.recomputed_steps, 'step')} trained again ({_duration(self.recomputed_s)})")
-        return (f"{where} ({what}): {_duration(self.lost_s)} from the last step to {again} + {recomputed} = "
-                f"{_duration(self.cost_s)}")
+        since = "the last step" if self.stopped_at is not None else "the end noticed"
+        until = "training again" if self.trained_again else "its round's end, before it trained"
+        if self.recomputed_steps is None:
+            recomputed = " + steps trained again not known"
+        elif self.recomputed_steps:
+            recomputed = (f" + {plural(self.recomputed_steps, 'step')} trained again "
+                          f"({_duration(self.recomputed_s)}) = {_duration(self.cost_s)}")
+        else:
+            recomputed = ""
+        return f"{where} ({what}): {_duration(self.lost_s)} from {since} to {until}{recomputed}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "round": self.round, "kind": self.kind, "node": self.node,
@@ -132,10 +138,13 @@ def costs(timeline: tl.Timeline, accelerators: Mapping[str, int], ended_at: floa
     while it runs."""
     by_segment = _segments(timeline.events)
     order = sorted(by_segment)
-    incidents = [_from_recovery(recovery, by_segment, accelerators) for recovery in rec.recoveries(timeline)]
+    recovered = rec.recoveries(timeline)
+    trained = sorted({(each.attempt, each.round) for each in recovered if each.phase(rec.FIRST_STEP).at is not None}
+                     | {segment for segment in order if segment[1] == 0})
+    incidents = [_from_recovery(recovery, by_segment, trained, accelerators) for recovery in recovered]
     incidents += [_from_attempt(timeline, before, after, by_segment, accelerators)
                   for before, after in zip(order, order[1:]) if after[0] != before[0]]
-    incidents.sort(key=lambda incident: (incident.attempt, incident.round))
+    incidents = _chained(sorted(incidents, key=lambda incident: (incident.attempt, incident.round)))
     end = ended_at if ended_at is not None else timeline.read_at
     first = _every_rank_stepped(by_segment[order[0]]) if order else None
     last_steps = [event.at for event in timeline.events if event.phase == node_events.LAST_STEP]
@@ -166,13 +175,35 @@ def _every_rank_stepped(events: list[tl.Event]) -> float | None:
     return max(firsts.values()) if firsts else None
 
 
-def _from_recovery(recovery: rec.Recovery, by_segment: dict[Segment, list[tl.Event]],
+def _chained(incidents: list[Incident]) -> list[Incident]:
+    """A round that ended before it trained (another fault came first) makes its incident last until that end: the
+    run trained in neither, and the next incident goes on from there. Their costs add up to the time from the last
+    step before the first of them to training again after the last, with no second counted twice."""
+    chained = []
+    for index, incident in enumerate(incidents):
+        following = incidents[index + 1] if index + 1 < len(incidents) else None
+        if (incident.again_at is None and following is not None and following.attempt == incident.attempt
+                and following.noticed_at is not None):
+            incident = replace(incident, again_at=following.noticed_at, trained_again=False)
+        chained.append(incident)
+    return chained
+
+
+def _from_recovery(recovery: rec.Recovery, by_segment: dict[Segment, list[tl.Event]], trained: list[Segment],
                    accelerators: Mapping[str, int]) -> Incident:
-    before = by_segment.get((recovery.attempt, recovery.round - 1), [])
-    after = by_segment.get((recovery.attempt, recovery.round), [])
+    """``trained``: the segments whose every rank stepped. The steps trained again are counted against the incident
+    whose round before trained, up to the round that trains at the end of its chain."""
+    before_segment = (recovery.attempt, recovery.round - 1)
+    before = by_segment.get(before_segment, []) if before_segment in trained else []
+    resumed = next((segment for segment in trained if segment[0] == recovery.attempt and segment[1] >= recovery.round),
+                   None)
+    after = by_segment.get(resumed, []) if resumed else []
+    members = by_segment.get((recovery.attempt, recovery.round), [])
     again = recovery.phase(rec.FIRST_STEP).at
-    return _incident(recovery.attempt, recovery.round, recovery.kind, recovery.node, recovery.cause, recovery.ended,
-                     again, before, after, accelerators)
+    found = _incident(recovery.attempt, recovery.round, recovery.kind, recovery.node, recovery.cause, recovery.ended,
+                      again, before, after, accelerators, members)
+    # a round that never trained had no steps to train again: those of the round before it count at the chain's head
+    return found if before_segment in trained else replace(found, recomputed_steps=0)
 
 
 def _from_attempt(timeline: tl.Timeline, before: Segment, after: Segment, by_segment: dict[Segment, list[tl.Event]],
@@ -186,13 +217,14 @@ def _from_attempt(timeline: tl.Timeline, before: Segment, after: Segment, by_seg
 
 def _incident(attempt: int, number: int, kind: str, node: str | None, cause: str, noticed: float | None,
               again: float | None, before: list[tl.Event], after: list[tl.Event],
-              accelerators: Mapping[str, int]) -> Incident:
+              accelerators: Mapping[str, int], members_of: list[tl.Event] | None = None) -> Incident:
     lasts = [event for event in before if event.phase == node_events.LAST_STEP]
     reported_before = [event.step for event in lasts if event.step is not None]
     reported_after = [event.step for event in after if event.phase == node_events.FIRST_STEP and event.step is not None]
     recomputed = (max(0, max(reported_before) - min(reported_after) + 1)
                   if reported_before and reported_after else None)
-    members = sorted({event.node for event in after if event.phase == node_events.DECIDED and event.node})
+    members = sorted({event.node for event in (after if members_of is None else members_of)
+                      if event.phase == node_events.DECIDED and event.node})
     return Incident(attempt, number, kind, node, cause, max((event.at for event in lasts), default=None), noticed,
                     again, recomputed, _step_seconds(before), len(members),
                     sum(accelerators.get(member, 0) for member in members))
