@@ -223,6 +223,16 @@ def test_without_warm_starts_every_training_process_starts_afresh(tmp_path):
     assert sorted(facts) == [0, 1, 2, 3] and not any(said["warm"] for said in facts.values())
 
 
+@pytest.mark.parametrize("imports, imported", [(None, True), ("", False)])
+def test_a_warm_interpreter_imports_what_ddp_will_ask_for_unless_told_otherwise(tmp_path, imports, imported):
+    # DistributedDataParallel imports torch._dynamo as it is constructed: most of a round's start on few cores
+    script = "import sys\nprint('dynamo', 'torch._dynamo' in sys.modules, flush=True)\n"
+    env = [] if imports is None else [{"name": "LAUNCHER_WARM_IMPORTS", "value": imports}]
+    done, _ = run(tmp_path, script, env, nodes=1, processes=1)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"dynamo {imported}" in done.stdout, done.stdout
+
+
 @pytest.mark.parametrize("imports_done", [False, True])
 def test_a_taken_spare_says_whether_its_imports_were_done(monkeypatch, imports_done):
     """The timeline's "a spare, its imports done" is the spare's own word: taken at once, it has imported nothing."""
