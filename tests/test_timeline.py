@@ -583,3 +583,15 @@ def test_a_recovery_whose_ranks_count_no_steps_says_so_and_falls_back_to_the_fir
     assert recovery.phase("first-step").at is None and round(recovery.first_line - T0, 2) == 14.0
     assert "no first step counted" in breakdown(found, recovery)
     assert "first training line +4.00" in breakdown(found, recovery)
+
+
+def test_a_recovery_whose_round_ended_before_it_trained_says_that_instead():
+    records = recovery_records()
+    records.ends[1] = [{"node": "m", "kind": "lost", "reason": "node process killed by SIGKILL", "at": T0 + 13.5}]
+    records.rounds.append(2)
+    found = timeline_of(records, ["m", "w-0", "w-1"])
+    recovery = next(each for each in recoveries(found) if each.round == 1)
+    text = breakdown(found, recovery)
+    assert "the round ended at +3.50 (node m: lost: node process killed by SIGKILL) before every rank counted a step" \
+        in text, text
+    assert "no first step counted" not in text

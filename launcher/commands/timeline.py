@@ -164,7 +164,12 @@ def breakdown(found: tl.Timeline, recovery: rec.Recovery) -> str:
                      who])
         previous = phase.at if phase.at is not None else previous
     lines.append(_table(rows))
-    if recovery.phase(rec.FIRST_STEP).at is None:
+    own_end = next((event for event in found.events if event.phase == tl.ROUND_ENDED and event.node is None
+                    and event.round == recovery.round and event.attempt == recovery.attempt), None)
+    if recovery.phase(rec.FIRST_STEP).at is None and own_end is not None:
+        lines.append(f"the round ended at +{recovery.after(own_end.at):.2f} ({own_end.detail}) before every rank "
+                     "counted a step")
+    elif recovery.phase(rec.FIRST_STEP).at is None:
         first = recovery.after(recovery.first_line)
         lines.append("no first step counted (the script neither steps a torch.optim optimizer, iterates a DataLoader "
                      "nor calls launcher.data.report)" + (f"; first training line +{first:.2f}" if first is not None
