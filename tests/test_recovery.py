@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -113,6 +114,28 @@ def test_an_elastic_run_goes_on_when_one_training_process_is_killed(tmp_path, la
     assert "node t-worker-0: rank 1's training process was killed (SIGKILL" in output  # the node itself is not lost
     assert "node t-worker-0 lost" not in output
     assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)
+
+
+def test_a_frozen_node_is_named_by_its_peers_and_killed_by_its_supervisor_and_the_run_goes_on(tmp_path, launcher_home):
+    """SIGSTOP of a worker's node process and every process under it: frozen, not dead. Its peers' hang watch names
+    it (its status stopped), the round ends on that, and its supervisor kills it once it used no CPU and wrote no
+    status for 30 s, so that nothing of it is left and the run ends."""
+    from clirun import processes_started_with
+    from launcher.node.health.procfs import TreeReader
+
+    cluster = {**ELASTIC, "hangTimeout": 10, "recovery": {"retryOn": ["lost", "failure"]}}
+    run_id, watcher = start(tmp_path, 3, cluster)
+    watcher.wait_for(r"rank 0: epoch 4\b", timeout=180)
+    for pid in TreeReader(node_pid(launcher_home, run_id, "t-worker-1")).read():
+        os.kill(pid, signal.SIGSTOP)
+    output = finish(watcher)
+    assert re.search(r"waited 10s in a collective for t-worker-1 \(no status for \d+s\): a node that trains writes "
+                     r"its status every 10s, so it is frozen, or cut off from the work dir", output), output[-4000:]
+    events = json.loads(run_cli("timeline", run_id, "--json").stdout)["events"]
+    death = next(event for event in events if event["phase"] == "death" and event["node"] == "t-worker-1")
+    assert "node process frozen: it used no CPU time and wrote no status for" in death["detail"], death
+    assert torch.allclose(final_weights(tmp_path, run_id), torch.full((4,), EXPECTED), atol=1e-5)
+    assert processes_started_with(LAUNCHER_RUN_ID=run_id) == {}
 
 
 def test_a_static_run_with_restarts_resumes_from_its_checkpoint(tmp_path, launcher_home):

@@ -47,11 +47,10 @@ from launcher.protocol.recovery import LEAVE, RoundEnd
 from launcher.protocol.rendezvous import (Decision, RendezvousError, RendezvousStopped,
                                           RendezvousTimeout, Registration, await_decision)
 from launcher.protocol.rounds import Rounds
-from launcher.protocol.status import StatusRecord, status_key
+from launcher.protocol.status import HEARTBEAT_SECONDS, StatusRecord, status_key
 from launcher.protocol.store import StoreError, WorkDir
 from launcher.wording import plural
 
-HEARTBEAT_SECONDS = 10.0
 STOP_GRACE_SECONDS = float(os.environ.get("LAUNCHER_STOP_GRACE", "5"))
 PEER_GRACE_SECONDS = 5.0  # how long a node whose ranks only lost a peer waits for that peer's failure marker
 PEER_POLL_SECONDS = 0.5

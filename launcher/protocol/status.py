@@ -15,6 +15,7 @@ STATUS_PREFIX = "status"
 # lost: a member of a recovering run that died (the run went on without it, or with its replacement)
 # left: a node of an elastic run that left on request (`launcher scale`); the run went on without it
 FINAL_STATES = ("succeeded", "failed", "cancelled", "lost", "left")
+HEARTBEAT_SECONDS = 10.0  # a node that trains writes its status at least this often
 
 
 def status_key(node: str) -> str:

@@ -12,11 +12,19 @@ import time
 
 from launcher.backends.local.processes import write_processes
 from launcher.node.leftovers import describe, save_leftovers
-from launcher.protocol.status import status_key
+from launcher.node.health.procfs import TreeReader, read_stat
+from launcher.protocol.status import HEARTBEAT_SECONDS, status_key
 from launcher.protocol.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_env, added_node_gpus, read_added, write_added_record
 from launcher.runs.supervision import (EndRecorder, ProcessRef, console_log_path, record_on_behalf,
                                        replacement_wanted, with_error_line, write_exit_record)
+
+
+# A node process that used no CPU time and wrote no status for this long is frozen (stopped, or stuck in the
+# kernel): a live one polls its store and supervises its torchrun every half second, and writes its status at
+# least every HEARTBEAT_SECONDS while it trains. It is killed, and so lost (and replaced) like any other node.
+FROZEN_AFTER_SECONDS = 3 * HEARTBEAT_SECONDS
+FROZEN_CHECK_SECONDS = 5.0
 
 
 def main(state_dir: str, run_url: str) -> int:
@@ -34,7 +42,9 @@ def main(state_dir: str, run_url: str) -> int:
     except BrokenPipeError:  # the client was interrupted; the run is recorded and goes on
         pass
     while supervisor.children:
-        ready, _, _ = select.select([wake, *supervisor.children], [], [])
+        ready, _, _ = select.select([wake, *supervisor.children], [], [], FROZEN_CHECK_SECONDS)
+        if not ready:
+            supervisor.stop_frozen()
         for fd in ready:
             if fd == wake:
                 os.read(wake, 4096)  # one byte per signal: what they ask for is in the file
@@ -56,6 +66,8 @@ class Supervisor:
         self.children: dict[int, tuple[str, subprocess.Popen]] = {}  # pidfd -> (node, process)
         self.refs: dict[str, ProcessRef] = {}
         self.replaced = 0
+        self.cpu_seen: dict[int, tuple[float | None, float]] = {}  # node pid -> (its CPU time, since when unchanged)
+        self.frozen: dict[str, str] = {}  # node -> why its supervisor killed it
         self.ends = EndRecorder(run)
 
     def spawn(self, request: dict, incarnation: int = 0) -> int:
@@ -84,6 +96,34 @@ class Supervisor:
         if new:
             self.record()
 
+    def stop_frozen(self) -> None:
+        """Kill the nodes that are frozen (:data:`FROZEN_AFTER_SECONDS`): both their CPU time and their status
+        record stood still that long. A store outage stops the status only; a node waiting stops neither."""
+        now = time.time()
+        for name, proc in list(self.children.values()):
+            stat = read_stat(proc.pid)
+            cpu = stat.cpu_s if stat else None
+            seen = self.cpu_seen.get(proc.pid)
+            if seen is None or seen[0] != cpu:
+                self.cpu_seen[proc.pid] = (cpu, now)
+                continue
+            if now - seen[1] < FROZEN_AFTER_SECONDS:
+                continue
+            try:
+                updated = float(self.run.get_record(status_key(name)).get("updated_at") or 0)
+            except (StoreError, TypeError, ValueError):
+                continue
+            if now - updated >= FROZEN_AFTER_SECONDS:
+                self.frozen[name] = (f"node process frozen: it used no CPU time and wrote no status for "
+                                     f"{now - max(seen[1], updated):.0f}s (stopped, or stuck in the kernel); "
+                                     "killed by its supervisor")
+                _say(f"node {name} (pid {proc.pid}) is frozen: killing it and every process under it")
+                for member in TreeReader(proc.pid).read():  # parents first: stopped, none of them reaps a child
+                    try:
+                        os.kill(member, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
     def ended(self, fd: int) -> None:
         name, proc = self.children.pop(fd)
         os.close(fd)
@@ -91,6 +131,8 @@ class Supervisor:
         ended_at = time.time()
         _say(f"node {name} (pid {proc.pid}) ended: {returncode}")
         exit_code, reason = describe(returncode)
+        reason = self.frozen.pop(name, reason)
+        self.cpu_seen.pop(proc.pid, None)
         console = str(console_log_path(self.state_dir, name))
         run = self.ends.store_for(returncode)
         try:

@@ -15,7 +15,7 @@ from typing import Callable
 from launcher.node.health.ranks import counted_steps, read_progress
 from launcher.protocol.control import StopRequest
 from launcher.node.torchrun.ranklogs import RankLogs
-from launcher.protocol.status import StatusRecord, status_key
+from launcher.protocol.status import HEARTBEAT_SECONDS, StatusRecord, status_key
 from launcher.protocol.store import StoreError, WorkDir
 
 PROGRESS_READ_SECONDS = 1.0  # a training process writes its step count at most once a second
@@ -112,6 +112,11 @@ class HangWatch:
         if stop:
             return Verdict(stop=stop)
         ended = self._peers_that_ended()
+        frozen = self._peers_gone_quiet()
+        if frozen and not ended:
+            return Verdict(f"hung: {silent} waited {timeout:g}s in a collective for {', '.join(frozen)}: a node that "
+                           "trains writes its status every "
+                           f"{HEARTBEAT_SECONDS:g}s, so it is frozen, or cut off from the work dir")
         if ended:
             return Verdict(f"hung: {silent} waited {timeout:g}s in a collective for {', '.join(ended)}, whose "
                            "training processes ended with exit status 0: the entry point returned there before "
@@ -119,11 +124,22 @@ class HangWatch:
         return Verdict(f"hung: {silent} waited {timeout:g}s in a collective and no node has a rank outside one "
                        "(mismatched collectives across ranks, or a rank that is gone)")
 
+    def _peers_gone_quiet(self) -> list[str]:
+        """Peers that train and whose status is older than twice the heartbeat: ``NODE (no status for 31s)``."""
+        statuses = self._peer_statuses()
+        now = time.time()
+        quiet = {node: now - float(status.get("updated_at") or now) for node, status in statuses.items()
+                 if status.get("state") == "running"}
+        return [f"{node} (no status for {age:.0f}s)" for node, age in sorted(quiet.items())
+                if age > 2 * HEARTBEAT_SECONDS]
+
     def _peers_that_ended(self) -> list[str]:
         """Peers whose training processes all ended well, while this node's wait for them."""
-        try:
-            statuses = {node: self.run.get_record(status_key(node)) for node in self.nodes if node != self.node}
-        except StoreError:
-            return []
-        return [node for node, status in statuses.items()
+        return [node for node, status in self._peer_statuses().items()
                 if status.get("state") == "succeeded" or status.get("training_processes") == "ended"]
+
+    def _peer_statuses(self) -> dict[str, dict]:
+        try:
+            return {node: self.run.get_record(status_key(node)) for node in self.nodes if node != self.node}
+        except StoreError:
+            return {}
