@@ -9,6 +9,11 @@ a fault comes every ``60 / --rate`` seconds on average (exponential gaps, from `
 - ``kill-main``: the same for the node of rank 0 (at least a third of the node kills, whatever is drawn);
 - ``kill-rank``: SIGKILL of one training process only;
 - ``hang-rank``: SIGSTOP of one training process (a hang: ``hangTimeout`` must notice it);
+- ``freeze-node``: SIGSTOP of a node's process and every process under it (frozen, not dead: its peers' hang watch
+  names it, its supervisor kills it once it used no CPU and wrote no status for 30 s);
+- ``throttle-rank``: one training process held to a fiftieth of a core by a cgroup CPU quota for 40 s (root and cgroup
+  v1's CPU controller only): the run must go on, slower, and name it a straggler (``noticed``: the ``straggler:``
+  line of ``launcher watch``);
 - ``kill-replacement``: a worker node killed, then its replacement killed while it joins;
 - ``double``: two nodes killed within a second.
 
@@ -35,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,7 +52,11 @@ from clirun import run_id_from  # noqa: E402
 from cluster import write_spec  # noqa: E402
 
 LAUNCHER = [sys.executable, "-m", "launcher"]
-FAULTS = ("kill-node", "kill-main", "kill-rank", "hang-rank", "kill-replacement", "double")
+FAULTS = ("kill-node", "kill-main", "kill-rank", "hang-rank", "freeze-node", "throttle-rank", "kill-replacement",
+          "double")
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1's CPU controller, where throttle-rank makes a group
+HANGS = ("hang-rank", "freeze-node")  # faults only a hang watch can notice
+THROTTLE_SECONDS, THROTTLE_SHARE = 40.0, 0.02  # throttle-rank: a fiftieth of a core for this long
 JOB = (Path(__file__).parent / "chaos_job.py").read_text()
 STEP_S, EVERY, N, BATCH = 0.05, 20, 3000, 8
 STEP = re.compile(r"^chaos: round (\d+) step (\d+)$")
@@ -105,8 +115,11 @@ class Run:
             found = RESUMES.match(text)
             if found:
                 ranks.setdefault(int(found[1]), {})[int(found[2])] = (found[4], int(found[6]))
-        latest = max(ranks) if ranks else -1
-        return latest, ranks.get(latest, {})
+        decided = [int(path.stem) for path in (self.run_dir / "rounds").glob("*.json")]
+        latest = max(decided, default=-1)
+        # its ranks once each has said so in the log (the log may lag the work dir's rounds): a fault aims at the
+        # round that trains now, never at one that ended already
+        return latest, ranks.get(latest, {}) if latest == max(ranks, default=-1) else {}
 
     def node_pid(self, node: str) -> int:
         return json.loads((self.home / "runs" / self.run_id / "processes.json").read_text())["nodes"][node]["pid"]
@@ -140,12 +153,16 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def signal_all(pids: list[int], number: int) -> None:
+def signal_all(pids: list[int], number: int) -> int:
+    """How many of ``pids`` were there to get it."""
+    sent = 0
     for pid in pids:
         try:
             os.kill(pid, number)
+            sent += 1
         except ProcessLookupError:
             pass
+    return sent
 
 
 def of_the_run(run_id: str) -> list[int]:
@@ -169,6 +186,29 @@ def _command(pid: int) -> str:
         return "?"
 
 
+def throttle(pid: int, name: str) -> None:
+    """Hold ``pid`` to THROTTLE_SHARE of a core for THROTTLE_SECONDS, in a cgroup of its own, then let it go."""
+    group = CPU_CGROUPS / name
+    group.mkdir()
+    period = int((group / "cpu.cfs_period_us").read_text())
+    (group / "cpu.cfs_quota_us").write_text(str(int(period * THROTTLE_SHARE)))
+    try:
+        (group / "cgroup.procs").write_text(str(pid))
+    except OSError:  # it ended meanwhile
+        pass
+
+    def release() -> None:
+        time.sleep(THROTTLE_SECONDS)  # the fault's own length, not a wait on the run
+        for task in (group / "cgroup.procs").read_text().split():
+            try:
+                (CPU_CGROUPS / "cgroup.procs").write_text(task)
+            except OSError:
+                pass
+        group.rmdir()
+
+    threading.Thread(target=release, daemon=False).start()
+
+
 class Injector:
     def __init__(self, run: Run, rng: random.Random):
         self.run, self.rng, self.node_kills, self.main_kills = run, rng, 0, 0
@@ -190,13 +230,23 @@ class Injector:
             victims = self.rng.sample(sorted({node for node, _ in ranks.values()}), 2)
         elif kind == "kill-replacement":
             victims = [self.rng.choice(workers or [main])]
+        elif kind == "freeze-node":
+            victims = [self.rng.choice(sorted({node for node, _ in ranks.values()}))]
+        elif kind == "throttle-rank" and not os.access(CPU_CGROUPS, os.W_OK):
+            return None  # not root, or no cgroup v1 CPU controller here: said once, at the start
         else:
             rank = self.rng.choice(sorted(ranks))
             victims = [f"{ranks[rank][0]} rank {rank}"]
         at = time.time()
-        if kind in ("kill-rank", "hang-rank"):
+        if kind == "throttle-rank":
+            rank = int(victims[0].rsplit(" ", 1)[1])
+            throttle(ranks[rank][1], f"chaos-{os.getpid()}-{at:.0f}")
+        elif kind in ("kill-rank", "hang-rank"):
             pid = ranks[int(victims[0].rsplit(" ", 1)[1])][1]
-            signal_all([pid], signal.SIGKILL if kind == "kill-rank" else signal.SIGSTOP)
+            if not signal_all([pid], signal.SIGKILL if kind == "kill-rank" else signal.SIGSTOP):
+                return None  # it ended meanwhile: no fault was injected
+        elif kind == "freeze-node":
+            signal_all(descendants(self.run.node_pid(victims[0])), signal.SIGSTOP)
         else:
             for index, node in enumerate(victims):
                 if index:
@@ -222,8 +272,32 @@ class Injector:
             time.sleep(0.05)  # the supervisor's record is the only sign of a replacement
 
 
-def measure(run: Run, fault: Fault) -> None:
-    """The fault's costs from what the run recorded after it."""
+class Follow:
+    """``launcher watch``'s lines as they come, each with when it came: what a user of the run sees, and when."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.lines = proc, []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.time(), line))
+
+    def finish(self, timeout: float) -> str:
+        self.proc.wait(timeout=timeout)
+        self.thread.join(timeout=10)
+        return "".join(line for _, line in self.lines)
+
+
+def measure(run: Run, fault: Fault, seen: list[tuple[float, str]]) -> None:
+    """The fault's costs from what the run recorded after it (a throttled rank: when ``watch`` named it a
+    straggler; it ends no round)."""
+    if fault.kind == "throttle-rank":
+        rank = fault.victims[0].rsplit(" ", 1)[1]
+        fault.noticed_s = next((t - fault.at for t, line in seen
+                                if t > fault.at and f"straggler: rank {rank} " in line), None)
+        return
     fault.noticed_s = None if (ended := run.ended(fault.round)) is None else max(0.0, ended - fault.at)
     last_step, resumed, again = None, None, None
     for t, _, text in run.log.lines:
@@ -289,23 +363,25 @@ def soak(options: argparse.Namespace) -> dict:
     run = Run(run_id_from(started.stdout), home, directory / "wd" / run_id_from(started.stdout))
     watch = subprocess.Popen([*LAUNCHER, "watch", run.run_id], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
+    follow = Follow(watch)
     injector, faults = Injector(run, rng), []
     kinds = options.faults.split(",")
-    next_at = time.time() + options.warmup
+    next_at, kind = time.time() + options.warmup, None
     while watch.poll() is None and time.time() - begun < options.duration and len(faults) < options.max_faults:
         if time.time() >= next_at:
-            fault = injector.inject(rng.choice(kinds))
-            if fault:
+            kind = kind or rng.choice(kinds)  # the drawn kind waits for a round to aim at
+            fault = injector.inject(kind)
+            if fault:  # else no round trains now, or its target ended: the fault comes at the next look
                 faults.append(fault)
                 print(f"fault {len(faults)}: {fault.kind} of {', '.join(fault.victims)} in round {fault.round}",
                       file=sys.stderr)
-            next_at = time.time() + rng.expovariate(options.rate / 60)
+                next_at, kind = time.time() + rng.expovariate(options.rate / 60), None
         time.sleep(0.2)  # a fault schedule, not a wait on the run
-    output, _ = watch.communicate(timeout=options.duration * 4 + 600)
+    output = follow.finish(timeout=options.duration * 4 + 600)
     wall = time.time() - begun
     run.log.read()
     for fault in faults:
-        measure(run, fault)
+        measure(run, fault, follow.lines)
     time.sleep(2)  # the run ended: what is left of it after its supervisor's own grace is left behind
     left = {pid: _command(pid) for pid in of_the_run(run.run_id)}
     signal_all(list(left), signal.SIGKILL)
@@ -320,22 +396,31 @@ def soak(options: argparse.Namespace) -> dict:
         "ettr": round(ledger.get("counted_s", 0) / wall, 4), "launcher_ettr": costs.get("ettr"),
         "launcher_incidents": len(costs.get("incidents") or []), "launcher_cost_s": costs.get("cost_s"), **ledger, "split_rounds": split_rounds(run),
         "left_running": len(left), "left": sorted(left.values()), "unnoticed": sum(1 for f in faults if f.noticed_s is None),
-        "never_trained_again": sum(1 for f in faults if f.trained_again_s is None),
+        "never_trained_again": sum(1 for f in faults if f.trained_again_s is None and f.kind != "throttle-rank"),
         "noticed_s_median": round(statistics.median(noticed), 2) if noticed else None,
         "noticed_s_max": round(max(noticed), 2) if noticed else None,
         "trained_again_s_median": round(statistics.median(again), 2) if again else None,
         "trained_again_s_p90": round(statistics.quantiles(again, n=10)[-1], 2) if len(again) >= 2 else None,
         "recomputed_steps": sum(f.recomputed_steps or 0 for f in faults),
-        "by_kind": {kind: {"faults": len(group),
-                           "trained_again_s_median": round(statistics.median(times), 2) if times else None}
+        "hang_noticed_s_p99": _p99([f.noticed_s for f in faults if f.kind in HANGS and f.noticed_s is not None]),
+        "by_kind": {kind: {"faults": len(group), "noticed_s_median": _median([f.noticed_s for f in group]),
+                           "trained_again_s_median": _median([f.trained_again_s for f in group])}
                     for kind in sorted({f.kind for f in faults})
-                    for group in [[f for f in faults if f.kind == kind]]
-                    for times in [[f.trained_again_s for f in group if f.trained_again_s is not None]]},
+                    for group in [[f for f in faults if f.kind == kind]]},
         "fault_list": [asdict(fault) for fault in faults],
     }
     if watch.returncode:
         result["closing"] = output[output.rfind("\nrun "):].strip().splitlines()[:12]  # the summary: why it failed
     return result
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return round(statistics.median(known), 2) if known else None
+
+
+def _p99(values: list[float]) -> float | None:
+    return round(statistics.quantiles(values, n=100)[-1], 2) if len(values) >= 2 else (values[0] if values else None)
 
 
 def main() -> None:
@@ -351,6 +436,9 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the run's directory and LAUNCHER_HOME")
     parser.add_argument("--warmup", type=float, default=8, help="seconds before the first fault")
     options = parser.parse_args()
+    if "throttle-rank" in options.faults.split(",") and not os.access(CPU_CGROUPS, os.W_OK):
+        print(f"chaos: {CPU_CGROUPS} cannot be written here (root and cgroup v1's CPU controller are needed): no "
+              "throttle-rank faults", file=sys.stderr)
     unknown = set(options.faults.split(",")) - set(FAULTS)
     if unknown:
         parser.error(f"unknown faults: {', '.join(sorted(unknown))}; choose from {', '.join(FAULTS)}")
