@@ -175,3 +175,15 @@ def test_a_round_that_ends_before_it_trains_lasts_until_that_end_and_nothing_is_
     assert first.line().startswith("round 1 (lost: w-0): 1.1s from the last step to its round's end, before it "
                                    "trained + 5 steps trained again")
     assert second.line() == "round 2 (lost: m): 2.5s from the end noticed to training again"
+
+
+def test_training_begins_at_the_first_round_whose_ranks_stepped():
+    """A fault ended round 0 before any rank stepped: the start lasts until round 1 trained."""
+    events = [tl.Event(T0 + 1.0, node_events.DECIDED, "m", 0),
+              tl.Event(T0 + 2.0, tl.DEATH, "w-0", 0, detail="lost: node process killed by SIGKILL"),
+              tl.Event(T0 + 2.0, tl.ROUND_ENDED, None, 0, detail="node w-0: lost"),
+              tl.Event(T0 + 2.5, tl.ROUND_DECIDED, None, 1),
+              *steps("m", 0, 1, 4.0, 9.0, first_step=None, last_step=None, counted=50),
+              tl.Event(T0 + 10.0, tl.RECORDED, "m", 1)]
+    costs = incidents.costs(tl.Timeline("r", T0, ["m"], events, T0 + 20, recovering=True), {}, ended_at=T0 + 10.0)
+    assert costs.start_s == pytest.approx(4.0) and costs.ettr == pytest.approx(0.5)

@@ -10,7 +10,8 @@ are known where the script reports its step numbers (``launcher.data.report(step
 less the first reported after, plus one; without them the cost leaves them out (``recomputed_steps`` is None), and
 says so. Each training process writes its progress once a second, so every time here is known to within a second.
 
-ETTR is the training time (from every rank's first step to the last step) less the incidents' costs, over the wall
+ETTR is the training time (from every rank's first step to the last step) less the incidents' costs (what of each came
+after that first step: one before it is part of the start; a fault may end round 0 before any rank stepped), over the wall
 time from submission to the run's end (or now): an undisturbed run reads 100% less its start (imports, rendezvous,
 the script's own start) and its end (the final sync). Pure: tested on records without a run.
 """
@@ -59,6 +60,13 @@ class Incident:
     def cost_s(self) -> float | None:
         return None if self.lost_s is None else self.lost_s + (self.recomputed_s or 0.0)
 
+    def cost_after(self, began: float) -> float:
+        """Its cost once training had begun (an incident before that is part of the run's start)."""
+        since = self.stopped_at if self.stopped_at is not None else self.noticed_at
+        if since is None or self.again_at is None:
+            return 0.0
+        return max(0.0, self.again_at - max(since, began)) + (self.recomputed_s or 0.0)
+
     def line(self) -> str:
         """``round 1 (lost: t-worker-0): 0.4s from the last step to training again + 5 steps trained again (0.5s)
         = 0.9s``."""
@@ -94,6 +102,7 @@ class Costs:
     wall_s: float  # submission to the run's end, or to now
     start_s: float | None  # submission to every rank's first step
     training_s: float | None  # every rank's first step to the last step (or now)
+    began_at: float | None = None  # every rank's first step: when training began
 
     @property
     def cost_s(self) -> float:
@@ -101,9 +110,10 @@ class Costs:
 
     @property
     def ettr(self) -> float | None:
-        if self.training_s is None or self.wall_s <= 0:
+        if self.training_s is None or self.began_at is None or self.wall_s <= 0:
             return None
-        return min(1.0, max(0.0, (self.training_s - self.cost_s) / self.wall_s))
+        lost = sum(incident.cost_after(self.began_at) for incident in self.incidents)
+        return min(1.0, max(0.0, (self.training_s - lost) / self.wall_s))
 
     @property
     def accelerator_hours(self) -> float:
@@ -146,12 +156,13 @@ def costs(timeline: tl.Timeline, accelerators: Mapping[str, int], ended_at: floa
                   for before, after in zip(order, order[1:]) if after[0] != before[0]]
     incidents = _chained(sorted(incidents, key=lambda incident: (incident.attempt, incident.round)))
     end = ended_at if ended_at is not None else timeline.read_at
-    first = _every_rank_stepped(by_segment[order[0]]) if order else None
+    # training began at the first segment whose ranks stepped (a fault may end round 0 before any did)
+    first = next((at for segment in order if (at := _every_rank_stepped(by_segment[segment])) is not None), None)
     last_steps = [event.at for event in timeline.events if event.phase == node_events.LAST_STEP]
     last = max(last_steps) if ended_at is not None and last_steps else end
     training = None if first is None else max(0.0, last - first)
     return Costs(incidents, max(0.0, end - timeline.submitted),
-                 None if first is None else first - timeline.submitted, training)
+                 None if first is None else first - timeline.submitted, training, first)
 
 
 def _segments(events: list[tl.Event]) -> dict[Segment, list[tl.Event]]:
