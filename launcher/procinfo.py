@@ -18,6 +18,11 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
+# A process in one of these states cannot run (so, for one, cannot write its stack on a signal): what it is instead.
+FROZEN_STATES = {"T": "stopped (SIGSTOP, or a job-control stop)", "t": "stopped by a debugger (traced)",
+                 "D": "in uninterruptible sleep (waiting on a disk, a network file system or a device driver)"}
+
+
 def process_state(pid: int) -> str | None:
     """The one-letter state /proc gives process ``pid`` (``R`` running, ``S`` sleeping, ``T`` stopped, ``t`` traced,
     ``D`` uninterruptible, ``Z`` zombie); None when there is no such process."""

@@ -13,6 +13,7 @@ import time
 from launcher.backends.local.processes import write_processes
 from launcher.node.leftovers import describe, save_leftovers
 from launcher.node.health.procfs import TreeReader, read_stat
+from launcher.procinfo import FROZEN_STATES, process_state
 from launcher.protocol.status import HEARTBEAT_SECONDS, status_key
 from launcher.protocol.store import StoreError, WorkDir
 from launcher.runs.additions import ADD_SIGNAL, added_node_env, added_node_gpus, read_added, write_added_record
@@ -20,9 +21,10 @@ from launcher.runs.supervision import (EndRecorder, ProcessRef, console_log_path
                                        replacement_wanted, with_error_line, write_exit_record)
 
 
-# A node process that used no CPU time and wrote no status for this long is frozen (stopped, or stuck in the
-# kernel): a live one polls its store and supervises its torchrun every half second, and writes its status at
-# least every HEARTBEAT_SECONDS while it trains. It is killed, and so lost (and replaced) like any other node.
+# A node process that used no CPU time and wrote no status for this long, and is stopped, traced or in
+# uninterruptible sleep, is frozen: a live one polls its store and supervises its torchrun every half second, and
+# writes its status at least every HEARTBEAT_SECONDS while it trains; one that waits on an unanswering store
+# sleeps. It is killed, and so lost (and replaced) like any other node.
 FROZEN_AFTER_SECONDS = 3 * HEARTBEAT_SECONDS
 FROZEN_CHECK_SECONDS = 5.0
 
@@ -97,8 +99,8 @@ class Supervisor:
             self.record()
 
     def stop_frozen(self) -> None:
-        """Kill the nodes that are frozen (:data:`FROZEN_AFTER_SECONDS`): both their CPU time and their status
-        record stood still that long. A store outage stops the status only; a node waiting stops neither."""
+        """Kill the nodes that are frozen (:data:`FROZEN_AFTER_SECONDS`): their CPU time and their status record
+        stood still that long, and the process cannot run now."""
         now = time.time()
         for name, proc in list(self.children.values()):
             stat = read_stat(proc.pid)
@@ -107,8 +109,8 @@ class Supervisor:
             if seen is None or seen[0] != cpu:
                 self.cpu_seen[proc.pid] = (cpu, now)
                 continue
-            if now - seen[1] < FROZEN_AFTER_SECONDS:
-                continue
+            if now - seen[1] < FROZEN_AFTER_SECONDS or process_state(proc.pid) not in FROZEN_STATES:
+                continue  # a node that waits on its store (an outage) sleeps: it is not frozen
             try:
                 updated = float(self.run.get_record(status_key(name)).get("updated_at") or 0)
             except (StoreError, TypeError, ValueError):

@@ -15,6 +15,7 @@ from typing import Callable
 from launcher.node.health.ranks import counted_steps, read_progress
 from launcher.protocol.control import StopRequest
 from launcher.node.torchrun.ranklogs import RankLogs
+from launcher.procinfo import FROZEN_STATES
 from launcher.protocol.status import HEARTBEAT_SECONDS, StatusRecord, status_key
 from launcher.protocol.store import StoreError, WorkDir
 
@@ -73,7 +74,7 @@ class HangWatch:
 
     def _diagnose(self, rank_logs: RankLogs, timeout: float,
                   await_stop: Callable[[float], StopRequest | None]) -> Verdict | None:
-        from launcher.node.diagnosis.stacks import FROZEN_STATES, capture
+        from launcher.node.diagnosis.stacks import capture
 
         def label(local: int) -> str:
             rank = rank_logs.global_rank(local)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.node.diagnosis.cause import library_file
-from launcher.procinfo import process_state, start_time
+from launcher.procinfo import FROZEN_STATES, process_state, start_time
 
 STACK_SIGNAL = signal.SIGRTMIN + 4  # real-time: no framework we know of uses it (Lightning uses SIGUSR1)
 HOOKS_DIR = str(Path(__file__).resolve().parent / "rankhooks")
@@ -25,9 +25,6 @@ DUMP_WAIT_SECONDS = 2.0
 FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>.+)$')
 THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):$")
 # The main thread of a rank that waits for its peers is inside one of these (most recent frame first).
-# A process in one of these states cannot run its signal handler, so it shows no stack: what it is instead.
-FROZEN_STATES = {"T": "stopped (SIGSTOP, or a job-control stop)", "t": "stopped by a debugger (traced)",
-                 "D": "in uninterruptible sleep (waiting on a disk, a network file system or a device driver)"}
 WAITING_IN = ("torch/distributed/", "torch/nn/parallel/distributed.py", "torch/autograd/", "torch/_tensor.py")
 
 
