@@ -30,11 +30,12 @@ import sys
 import torch  # noqa: F401 - the reason this process exists: imported before its rank needs it
 
 MAX_MESSAGE = 1 << 20
-# What a warm interpreter imports besides torch while it waits (comma-separated; empty: torch only). torch._dynamo is
-# what DistributedDataParallel imports as it is constructed: 0.8 s of a rank's start here, 2 s with four at once on
-# two cores, on every start of the training processes (launcher.node.torchrun.warmstart.WARM_IMPORTS_ENV).
+# What a warm interpreter imports besides torch while it waits (comma-separated; unset or empty: torch only). Naming
+# torch._dynamo, which DistributedDataParallel imports as it is constructed, saves 0.8 s of a rank's start here, 2 s
+# with four at once on two cores. Not the default: a rank once hung at exit with it (gloo's teardown waiting for the
+# GIL), and that it had no part in that is not shown yet.
 WARM_IMPORTS_ENV = "LAUNCHER_WARM_IMPORTS"
-DEFAULT_WARM_IMPORTS = "torch._dynamo"
+DEFAULT_WARM_IMPORTS = ""
 # The signals torchrun catches while its training processes run: a process it starts gets them at their defaults
 TORCHRUN_CAUGHT = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
