@@ -80,6 +80,7 @@ class HangWatch:
             rank = rank_logs.global_rank(local)
             return f"local rank {local}" if rank is None else f"rank {rank}"
 
+        self.status.heartbeat()  # what follows may take HANG_PEER_GRACE_SECONDS: no peer may think this node frozen
         captured = capture(self.stacks_dir, range(self.processes))
         if len(captured.gone) == self.processes:  # they ended well (torchrun reports failures at once): torchrun
             self.ranks_ended = True               # waits at its exit barrier for the other nodes; not a hang here
@@ -112,6 +113,7 @@ class HangWatch:
         stop = await_stop(HANG_PEER_GRACE_SECONDS)  # the culprit's node names itself
         if stop:
             return Verdict(stop=stop)
+        self.status.heartbeat()
         ended = self._peers_that_ended()
         frozen = self._peers_gone_quiet()
         if frozen and not ended:
@@ -126,13 +128,14 @@ class HangWatch:
                        "(mismatched collectives across ranks, or a rank that is gone)")
 
     def _peers_gone_quiet(self) -> list[str]:
-        """Peers that train and whose status is older than twice the heartbeat: ``NODE (no status for 31s)``."""
+        """Peers that train and whose status is older than one and a half heartbeats (a node whose hang watch
+        looks writes its status as it begins, and again before it looks at its peers): ``NODE (no status for 31s)``."""
         statuses = self._peer_statuses()
         now = time.time()
         quiet = {node: now - float(status.get("updated_at") or now) for node, status in statuses.items()
                  if status.get("state") == "running"}
         return [f"{node} (no status for {age:.0f}s)" for node, age in sorted(quiet.items())
-                if age > 2 * HEARTBEAT_SECONDS]
+                if age > 1.5 * HEARTBEAT_SECONDS]
 
     def _peers_that_ended(self) -> list[str]:
         """Peers whose training processes all ended well, while this node's wait for them."""
